@@ -1,0 +1,16 @@
+"""pytest-mgpu: test multi-GPU PyTorch training with real process groups, on GPUs or CPU ranks."""
+from ._context import RankContext, in_rank, rank_context, rank_device
+from .devices import DevicePlan
+from .launch.errors import RankFailure
+from .markers import world_sizes
+
+__all__ = [
+    "DevicePlan",
+    "RankContext",
+    "RankFailure",
+    "in_rank",
+    "rank_context",
+    "rank_device",
+    "world_sizes",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,161 @@
+"""Which devices a test gets: a DevicePlan (cuda ranks, emulated cpu ranks, or a skip with reason),
+and disjoint device leases so that pytest-xdist workers never share a GPU.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Tuple
+
+FALLBACKS = ("skip", "cpu")
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What this process can see: CUDA device ids (as the outer CUDA_VISIBLE_DEVICES names them)."""
+
+    cuda_ids: Tuple[str, ...]
+    cuda_names: Tuple[str, ...] = ()
+    cpu_count: int = 1
+
+    @property
+    def cuda_count(self) -> int:
+        return len(self.cuda_ids)
+
+
+def detect_hardware() -> Hardware:
+    """Count GPUs without creating a CUDA context in this process (NVML first, as torch does)."""
+    import torch
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() != "":
+        ids = tuple(x.strip() for x in visible.split(",") if x.strip())[:count]
+    else:
+        ids = tuple(str(i) for i in range(count))
+    names = tuple(torch.cuda.get_device_name(i) for i in range(count)) if count else ()
+    return Hardware(ids, names, cpus)
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """How one test runs: on which devices, with which backend, or why it is skipped."""
+
+    world_size: int
+    device_type: str = "cpu"  # "cuda" | "cpu"
+    backend: str = "gloo"  # "nccl" | "gloo"
+    emulated: bool = False
+    skip_reason: Optional[str] = None
+
+    def describe(self) -> str:
+        if self.skip_reason:
+            return f"skipped: {self.skip_reason}"
+        if self.emulated:
+            return f"{self.world_size} x cpu ({self.backend}, emulated)"
+        return f"{self.world_size} x {self.device_type} ({self.backend})"
+
+
+def plan_for(world_size: int, hw: Hardware, fallback: str, max_cpu_ranks: int = 8) -> DevicePlan:
+    """The plan for a test that needs ``world_size`` GPUs on hardware ``hw``."""
+    if world_size <= hw.cuda_count:
+        return DevicePlan(world_size, "cuda", "nccl", emulated=False)
+    found = f"found {hw.cuda_count} CUDA device(s)"
+    if fallback == "cpu":
+        if world_size > max_cpu_ranks:
+            return DevicePlan(
+                world_size,
+                skip_reason=(
+                    f"needs {world_size} GPUs, {found}, and emulating {world_size} CPU ranks exceeds "
+                    f"--mgpu-max-cpu-ranks={max_cpu_ranks}"
+                ),
+            )
+        return DevicePlan(world_size, "cpu", "gloo", emulated=True)
+    return DevicePlan(
+        world_size,
+        skip_reason=(
+            f"needs {world_size} GPU(s), {found}; run it on {world_size} gloo CPU ranks with "
+            "--mgpu-fallback=cpu (or PYTEST_MGPU_FALLBACK=cpu)"
+        ),
+    )
+
+
+def default_lock_dir() -> str:
+    return os.path.join(tempfile.gettempdir(), f"pytest-mgpu-locks-{os.getuid()}")
+
+
+@dataclass
+class DeviceLease:
+    """Devices held exclusively by this process until ``release()``."""
+
+    ids: Tuple[str, ...]
+    _fds: List[int] = field(default_factory=list, repr=False)
+    waited_s: float = 0.0
+
+    def release(self) -> None:
+        for fd in self._fds:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+        self._fds.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+class DeviceLeaser:
+    """Hands out disjoint sets of devices across processes with one flock'ed file per device.
+
+    Locks are tied to open file descriptors, so a worker that dies frees its devices at once.
+    A request waits (polling) until enough devices are free rather than oversubscribing.
+    """
+
+    def __init__(self, ids: Sequence[str], lock_dir: Optional[str] = None, poll_s: float = 0.05):
+        self.ids = tuple(ids)
+        self.lock_dir = lock_dir or default_lock_dir()
+        self.poll_s = poll_s
+        os.makedirs(self.lock_dir, exist_ok=True)
+
+    def _try(self, n: int) -> Optional[List[Tuple[str, int]]]:
+        held: List[Tuple[str, int]] = []
+        for dev in self.ids:
+            fd = os.open(os.path.join(self.lock_dir, f"cuda-{dev}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                continue
+            held.append((dev, fd))
+            if len(held) == n:
+                return held
+        for _, fd in held:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+        return None
+
+    def acquire(self, n: int, timeout_s: float = 600.0) -> DeviceLease:
+        if n > len(self.ids):
+            raise ValueError(f"asked for {n} devices, only {len(self.ids)} exist: {list(self.ids)}")
+        t0 = time.monotonic()
+        delay = self.poll_s
+        while True:
+            held = self._try(n)
+            if held is not None:
+                return DeviceLease(tuple(d for d, _ in held), [fd for _, fd in held], time.monotonic() - t0)
+            if time.monotonic() - t0 > timeout_s:
+                raise TimeoutError(
+                    f"waited {timeout_s:g}s for {n} free GPU(s) of {list(self.ids)}: other pytest "
+                    f"processes hold them (locks in {self.lock_dir}); run fewer xdist workers (-n)"
+                )
+            time.sleep(delay)
+            delay = min(delay * 1.5, 1.0)

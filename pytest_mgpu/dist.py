@@ -1,0 +1,136 @@
+"""``Dist``: the object a test receives as the ``dist`` fixture.
+
+It knows the test's device plan and hands calls to a launcher; parity and timing live in their own
+packages and are reached through thin methods here so that one fixture serves them all.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Sequence
+
+from .devices import DevicePlan
+from .launch.errors import RankFailure
+from .launch.protocol import pack_call
+from .launch.spawn import LaunchSpec
+
+
+@dataclass
+class CallRecord:
+    """Cost of one ``dist.run``: how long ranks took to start, and the whole call."""
+
+    world_size: int
+    startup_s: float
+    wall_s: float
+    ok: bool
+
+
+@dataclass
+class Dist:
+    plan: DevicePlan
+    launcher: Any  # SpawnLauncher or another launcher with .run(spec, fn_ref, payload)
+    label: str = "dist.run"
+    timeout_s: float = 300.0
+    seed: int = 0
+    per_rank_seed: bool = False
+    device_ids: Sequence[str] = ()
+    calls: List[CallRecord] = field(default_factory=list)
+    echo_output: bool = True
+    deadline: Optional[float] = None  # time.monotonic() by which an outer limit (pytest-timeout) fires
+
+    def __repr__(self) -> str:
+        return f"<dist {self.plan.describe()}>"
+
+    # -- what the test sees -----------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.plan.world_size
+
+    @property
+    def backend(self) -> str:
+        return self.plan.backend
+
+    @property
+    def device_type(self) -> str:
+        return self.plan.device_type
+
+    @property
+    def emulated(self) -> bool:
+        return self.plan.emulated
+
+    def run(self, fn, *args, timeout: Optional[float] = None, **kwargs) -> List[Any]:
+        """Run ``fn(*args, **kwargs)`` once in each of ``world_size`` ranks, with the default process
+        group initialized there; return the ranks' return values in rank order (tensors on CPU).
+
+        ``timeout`` (seconds) overrides ``--mgpu-timeout`` for this call.
+        """
+        __tracebackhide__ = True
+        return self._launch(fn, args, kwargs, nprocs=self.world_size, timeout=timeout)
+
+    def run_single(self, fn, *args, timeout: Optional[float] = None, **kwargs) -> Any:
+        """Run ``fn`` in one process that sees all of this test's devices (DataParallel, model
+        parallel within a process); ``rank_context().devices`` lists them. Returns its value."""
+        __tracebackhide__ = True
+        return self._launch(fn, args, kwargs, nprocs=1, timeout=timeout)[0]
+
+    def benchmark(self, fn, *args, **kwargs):
+        """Time ``fn`` in every rank; see ``pytest_mgpu.timing.measure.benchmark``."""
+        from .timing.measure import benchmark
+
+        return benchmark(self, fn, *args, **kwargs)
+
+    def assert_parity(self, strategy: str, model_fn, batch_fn, **kwargs):
+        """Train with ``strategy`` and on one device; compare every step. See ``parity.engine``."""
+        __tracebackhide__ = True
+        from .parity.engine import assert_parity
+
+        return assert_parity(self, strategy, model_fn, batch_fn, **kwargs)
+
+    # -- internals ----------------------------------------------------------------------------
+    def spec(self, nprocs: int, timeout: Optional[float] = None) -> LaunchSpec:
+        return LaunchSpec(
+            nprocs=nprocs,
+            backend=self.backend,
+            device_type=self.device_type,
+            device_ids=tuple(self.device_ids),
+            emulated=self.emulated,
+            seed=self.seed,
+            per_rank_seed=self.per_rank_seed,
+            timeout_s=self._effective_timeout(timeout),
+            label=self.label,
+        )
+
+    def _effective_timeout(self, timeout: Optional[float]) -> float:
+        """The call's limit, cut short so that our own report (with stacks) beats an outer timeout."""
+        limit = float(timeout if timeout is not None else self.timeout_s)
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            limit = min(limit, max(1.0, left - min(5.0, 0.2 * left)))
+        return limit
+
+    def _launch(self, fn, args, kwargs, nprocs: int, timeout: Optional[float]):
+        __tracebackhide__ = True
+        if self.plan.skip_reason:
+            raise RuntimeError(f"this test's plan is a skip: {self.plan.skip_reason}")
+        if timeout is not None and timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        ref, payload = pack_call(fn, args, kwargs)
+        t0 = time.perf_counter()
+        try:
+            result = self.launcher.run(self.spec(nprocs, timeout), ref, payload)
+        except RankFailure as failure:
+            self.calls.append(CallRecord(nprocs, 0.0, time.perf_counter() - t0, False))
+            self._echo(failure.logs)
+            raise failure.with_traceback(None) from None
+        self.calls.append(CallRecord(nprocs, result.startup_s, result.wall_s, True))
+        self._echo(result.logs)
+        return result.values
+
+    def _echo(self, logs: Sequence[str]) -> None:
+        """Rank output goes to the test's stdout, so pytest captures and shows it per test."""
+        if not self.echo_output:
+            return
+        for rank, text in enumerate(logs):
+            for line in text.splitlines():
+                sys.stdout.write(f"[rank {rank}] {line}\n")

@@ -1,0 +1,60 @@
+"""The ``gpuN`` markers, and the helper that parametrizes one test over several world sizes."""
+from __future__ import annotations
+
+from typing import Iterable, List, Optional
+
+WORLD_SIZES = (1, 2, 4, 8)
+MARKERS = {f"gpu{n}": n for n in WORLD_SIZES}
+
+
+class MarkerError(ValueError):
+    """The gpuN markers on a test do not say one clear world size."""
+
+
+def marker_help() -> List[str]:
+    return [
+        f"gpu{n}: the test needs {n} device(s); runs on {n} rank(s) through the `dist` fixture"
+        for n in WORLD_SIZES
+    ]
+
+
+def _mark(n: int):
+    import pytest
+
+    if n not in MARKERS.values():
+        raise MarkerError(
+            f"world size {n!r} has no marker: pytest-mgpu knows {', '.join(map(str, WORLD_SIZES))} "
+            "(markers gpu1, gpu2, gpu4, gpu8)"
+        )
+    return getattr(pytest.mark, f"gpu{n}")
+
+
+def world_sizes(*sizes: int):
+    """Parametrize a test that uses ``dist`` over world sizes; each variant carries its ``gpuN``
+    marker and id, so ``-m gpu2`` selects only the 2-rank one::
+
+        @world_sizes(1, 2, 4)
+        def test_allreduce(dist): ...
+    """
+    import pytest
+
+    if not sizes:
+        raise MarkerError("world_sizes() needs at least one world size, e.g. world_sizes(1, 2, 4)")
+    if len(set(sizes)) != len(sizes):
+        raise MarkerError(f"world_sizes{sizes} repeats a world size")
+    params = [pytest.param(n, marks=_mark(n), id=f"gpu{n}") for n in sizes]
+    return pytest.mark.parametrize("dist", params, indirect=True)
+
+
+def world_size_of(marker_names: Iterable[str]) -> Optional[int]:
+    """The world size that a test's markers ask for; None if none; MarkerError if they conflict."""
+    found = sorted({MARKERS[m] for m in marker_names if m in MARKERS})
+    if not found:
+        return None
+    if len(found) > 1:
+        raise MarkerError(
+            "conflicting markers " + ", ".join(f"gpu{n}" for n in found)
+            + ": a test runs at one world size. Keep one marker, or use "
+            "pytest_mgpu.world_sizes(...) to run the test once per size"
+        )
+    return found[0]

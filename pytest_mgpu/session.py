@@ -1,0 +1,74 @@
+"""The plugin's state for one pytest process: settings, hardware, launcher, leases, call records."""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from .devices import DeviceLease, DeviceLeaser, DevicePlan, Hardware, detect_hardware, plan_for
+from .settings import Settings
+
+
+@dataclass
+class TestRecord:
+    """What the summary needs to know of one distributed test (from report.user_properties)."""
+
+    nodeid: str
+    plan: str
+    emulated: bool
+    calls: int
+    startup_s: List[float]
+
+
+@dataclass
+class MgpuSession:
+    settings: Settings
+    _hardware: Optional[Hardware] = None
+    _launcher: object = None
+    _leaser: Optional[DeviceLeaser] = None
+    records: Dict[str, TestRecord] = field(default_factory=dict)
+
+    @property
+    def hardware(self) -> Hardware:
+        if self._hardware is None:
+            self._hardware = detect_hardware()
+        return self._hardware
+
+    @property
+    def launcher(self):
+        if self._launcher is None:
+            from .launch.spawn import SpawnLauncher
+
+            self._launcher = SpawnLauncher()
+        return self._launcher
+
+    def plan(self, world_size: int) -> DevicePlan:
+        return plan_for(world_size, self.hardware, self.settings.fallback, self.settings.max_cpu_ranks)
+
+    def lease(self, plan: DevicePlan, timeout_s: float) -> Optional[DeviceLease]:
+        if plan.device_type != "cuda":
+            return None
+        if self._leaser is None:
+            self._leaser = DeviceLeaser(self.hardware.cuda_ids)
+        return self._leaser.acquire(plan.world_size, timeout_s)
+
+    def close(self) -> None:
+        if self._launcher is not None:
+            self._launcher.close()
+
+    def summary_lines(self) -> List[str]:
+        if not self.records:
+            return []
+        recs = list(self.records.values())
+        emulated = sum(r.emulated for r in recs)
+        starts = [s for r in recs for s in r.startup_s]
+        calls = sum(r.calls for r in recs)
+        line = f"{len(recs)} distributed test(s), {calls} call(s)"
+        if emulated:
+            line += f"; {emulated} emulated on CPU ranks (gloo)"
+        if starts:
+            line += (
+                f"; rank start-up per call: median {statistics.median(starts) * 1000:.0f} ms, "
+                f"max {max(starts) * 1000:.0f} ms"
+            )
+        return [line]
