@@ -38,6 +38,7 @@ class Dist:
     calls: List[CallRecord] = field(default_factory=list)
     echo_output: bool = True
     deadline: Optional[float] = None  # time.monotonic() by which an outer limit (pytest-timeout) fires
+    measurements: List[Any] = field(default_factory=list)  # timing.measure.Measurement, in call order
 
     def __repr__(self) -> str:
         return f"<dist {self.plan.describe()}>"

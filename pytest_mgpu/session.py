@@ -27,6 +27,9 @@ class MgpuSession:
     _launcher: object = None
     _leaser: Optional[DeviceLeaser] = None
     records: Dict[str, TestRecord] = field(default_factory=dict)
+    # False on every rank but 0 when pytest itself runs inside ranks started by torchrun/srun:
+    # only the primary process prints reports and writes report files and baselines.
+    is_primary: bool = True
 
     @property
     def hardware(self) -> Hardware:

@@ -123,6 +123,7 @@ class RankTask:
     payload: bytes
     log_path: str
     pg_timeout_s: float
+    launcher_pid: int = 0  # the test process; the rank ends itself when it is gone
     env: Dict[str, str] = field(default_factory=dict)
 
 

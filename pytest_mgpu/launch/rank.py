@@ -22,7 +22,58 @@ STACK_SIGNAL = signal.SIGUSR1
 _PR_SET_PDEATHSIG = 1
 
 
-def _detach(log_path: str) -> None:
+def _release_forkserver() -> None:
+    """Drop the forkserver's keep-alive pipe that multiprocessing hands every child.
+
+    The forkserver only exits once every holder of that pipe is gone; ranks that hold it keep it
+    alive after the test process dies, and it keeps them alive through PDEATHSIG: a cycle of orphans.
+    """
+    try:
+        from multiprocessing import forkserver
+
+        fs = forkserver._forkserver
+        if fs._forkserver_alive_fd is not None:
+            os.close(fs._forkserver_alive_fd)
+        fs._forkserver_alive_fd = None
+        fs._forkserver_address = None  # a forkserver the user's code needs starts afresh
+        fs._forkserver_pid = None
+    except Exception:
+        pass
+
+
+def _watch_launcher(launcher_pid: int) -> None:
+    """End this rank and its children as soon as the test process is gone, however it died."""
+    import threading
+
+    def watch():
+        try:
+            fd = os.pidfd_open(launcher_pid)
+        except (AttributeError, OSError):
+            return  # no pidfd (old kernel): PDEATHSIG and the launcher's kill still apply
+        import select
+
+        select.select([fd], [], [])
+        try:
+            os.killpg(0, signal.SIGKILL)
+        finally:
+            os._exit(70)
+
+    if os.getppid() == 1 or not _alive(launcher_pid):
+        os._exit(70)
+    threading.Thread(target=watch, name="mgpu-launcher-watch", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _detach(log_path: str, launcher_pid: int) -> None:
     """Own process group (so the whole tree can be killed), die with the parent, log to a file."""
     try:
         os.setpgid(0, 0)
@@ -33,6 +84,8 @@ def _detach(log_path: str) -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except Exception:  # not Linux: the launcher still kills the tree explicitly
         pass
+    _release_forkserver()
+    _watch_launcher(launcher_pid)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -172,7 +225,7 @@ def send_outcome(conn, outcome: RankOutcome) -> None:
 
 def rank_main(task: RankTask, conn) -> None:
     """Entry point of a fresh rank process (target of the forkserver Process)."""
-    _detach(task.log_path)
+    _detach(task.log_path, task.launcher_pid)
     t0 = time.perf_counter()
     try:
         init_rank(task)

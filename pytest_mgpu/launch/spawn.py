@@ -165,6 +165,7 @@ class SpawnLauncher:
             log_path=log_path,
             # gloo/nccl give up on their own a little after our deadline: a last line of defence.
             pg_timeout_s=spec.timeout_s + 60.0,
+            launcher_pid=os.getpid(),
             env=env,
         )
 

@@ -1,0 +1,17 @@
+"""Gradient parity: does a model trained with a strategy on N devices train like it does on one?
+
+``dist.assert_parity(strategy, model_fn, batch_fn, ...)`` (see ``engine.assert_parity``).
+"""
+from .engine import ParityError, ParityReport, Tolerance, assert_parity, cross_entropy, sgd_momentum
+from .strategies import STRATEGIES, StrategyError
+
+__all__ = [
+    "STRATEGIES",
+    "ParityError",
+    "ParityReport",
+    "StrategyError",
+    "Tolerance",
+    "assert_parity",
+    "cross_entropy",
+    "sgd_momentum",
+]

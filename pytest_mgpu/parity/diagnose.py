@@ -1,0 +1,164 @@
+"""Turning a parity run into words: the per-step summary, the divergence table, and the likely
+causes, each hint triggered by a fact that rank 0 observed (never guessed from the errors alone,
+except the constant gradient ratio, which is itself an observation)."""
+from __future__ import annotations
+
+import math
+import statistics
+from typing import TYPE_CHECKING, List
+
+from tabulate import tabulate
+
+from .records import KINDS, RunFacts, TensorError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .engine import ParityReport
+
+WORST_ROWS = 10
+DATA_PARALLEL = ("ddp", "fsdp", "dp")
+
+
+def _names(names: List[str], limit: int = 4) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+
+
+def _e(x: float) -> str:
+    if x == 0:
+        return "0"
+    if math.isinf(x) or math.isnan(x):
+        return str(x)
+    return f"{x:.2e}"
+
+
+def summary_table(report: "ParityReport") -> str:
+    """One row per step: the worst relative error of each kind (max abs err / max |reference|)."""
+    kinds = [k for k in KINDS if any(e.kind == k for r in report.records for e in r.errors)]
+    rows = []
+    bad_steps = {s for s, _, _ in report.failures()}
+    for rec in report.records:
+        row = [rec.step]
+        for k in kinds:
+            errs = [e for e in rec.errors if e.kind == k]
+            row.append(_e(max(e.max_rel for e in errs)) if errs else "-")
+        row.append("DIVERGED" if rec.step in bad_steps else "ok")
+        rows.append(row)
+    return tabulate(rows, headers=["step"] + [f"{k} rel err" for k in kinds] + [""], tablefmt="simple")
+
+
+def divergence_table(report: "ParityReport") -> str:
+    """The first diverging step's worst tensors, worst first (by error / tolerance)."""
+    failures = report.failures()
+    if not failures:
+        return ""
+    first = failures[0][0]
+    rows = [(e, allowed) for s, e, allowed in failures if s == first]
+    rows.sort(key=lambda r: (r[0].max_abs / r[1]) if r[1] > 0 else math.inf, reverse=True)
+    table = []
+    for e, allowed in rows[:WORST_ROWS]:
+        name = e.name + (f" (missing in {e.missing})" if e.missing else "")
+        table.append([first, e.kind, name, "x".join(map(str, e.shape)) or "scalar", _e(e.max_abs),
+                      _e(e.max_rel), _e(allowed)])
+    more = f"\n... and {len(rows) - WORST_ROWS} more tensor(s) over tolerance at step {first}" \
+        if len(rows) > WORST_ROWS else ""
+    return tabulate(table, headers=["step", "kind", "name", "shape", "max abs err", "max rel err",
+                                    "tolerance"], tablefmt="simple") + more
+
+
+def _grad_scale(errors: List[TensorError]) -> float:
+    """The common ||strategy grad|| / ||reference grad|| when every gradient is off by one factor."""
+    ratios = [e.norm_ratio for e in errors if e.kind == "grad" and not e.missing and e.scale > 0
+              and math.isfinite(e.norm_ratio)]
+    if len(ratios) < 2:
+        return 1.0
+    med = statistics.median(ratios)
+    if abs(med - 1.0) < 0.05 or any(abs(r - med) > 0.02 * abs(med) for r in ratios):
+        return 1.0
+    return med
+
+
+def likely_causes(report: "ParityReport") -> List[str]:
+    f: RunFacts = report.facts
+    base = f.strategy.split("/")[0]
+    splits_batch = (base in DATA_PARALLEL and f.world_size > 1) or f.microbatches > 1
+    hints = []
+    if f.batchnorm and splits_batch:
+        how = (f"{f.microbatches} micro-batches" if f.microbatches > 1 else f"the {f.world_size} shards")
+        fix = ("convert with torch.nn.SyncBatchNorm.convert_sync_batchnorm (sync_bn=True for ddp) so "
+               "statistics cover the global batch" if base in DATA_PARALLEL and f.microbatches == 1 else
+               "BatchNorm cannot see across micro-batches: compare in eval() mode, or use GroupNorm/LayerNorm")
+        hints.append(
+            f"BatchNorm without SyncBatchNorm: {len(f.batchnorm)} BatchNorm module(s) in training mode "
+            f"({_names(f.batchnorm)}) normalize each of {how} with its own mean and variance, not the "
+            f"global batch's. Fix: {fix}."
+        )
+    if f.dropout:
+        hints.append(
+            f"Dropout or other randomness: {len(f.dropout)} active dropout module(s) ({_names(f.dropout)}) "
+            "draw different masks for a shard than for the global batch. Put the model in eval() or "
+            "set p=0 for the parity check."
+        )
+    scale = _grad_scale([e for r in report.records[:1] for e in r.errors])
+    if base in DATA_PARALLEL and f.world_size > 1 and (f.loss_reduction == "sum" or scale != 1.0):
+        seen = f" (gradients are {scale:.3g}x the reference's" + \
+            (f"; 1/{f.world_size} = {1 / f.world_size:.3g})" if abs(scale * f.world_size - 1) < 0.05 else ")") \
+            if scale != 1.0 else ""
+        hints.append(
+            f"loss reduction='sum' under DDP averaging{seen}: DDP and FSDP divide the summed gradients "
+            f"by the world size ({f.world_size}), which equals the global-batch gradient only for a "
+            "per-rank mean loss. Use reduction='mean', or scale the loss by the world size."
+        )
+    elif scale != 1.0:
+        hints.append(f"every gradient is {scale:.3g}x the reference's: a loss scaling or averaging mismatch.")
+    uneven = sorted({b for b in f.batch_sizes if b % max(1, f.world_size) != 0})
+    if base in ("ddp", "fsdp") and f.world_size > 1 and uneven:
+        hints.append(
+            f"global batch not divisible by the world size: batch {uneven[0]} on {f.world_size} ranks; "
+            f"DistributedSampler pads the shards to {f.shard_sizes} by repeating samples, so some "
+            "samples count twice. Use a batch divisible by the world size (or drop_last=True)."
+        )
+    uneven_mb = sorted({b for b in f.batch_sizes if f.microbatches > 1 and b % f.microbatches})
+    if uneven_mb:
+        hints.append(
+            f"batch {uneven_mb[0]} does not split into {f.microbatches} equal micro-batches: the mean "
+            "of micro-batch means weights samples unequally. Use a divisible batch."
+        )
+    if f.unused:
+        hints.append(
+            f"unused parameters: {len(f.unused)} parameter(s) get no gradient ({_names(f.unused)}). "
+            "DDP needs find_unused_parameters=True for them; compare them only if the model uses them."
+        )
+    if not report.exact and report.facts.dtype in ("float16", "bfloat16", "tf32"):
+        hints.append(
+            f"{f.dtype} arithmetic: if the errors are just above the tolerance and grow slowly, they "
+            "are rounding; pass rtol=/atol= (the tolerance source above says how it was derived)."
+        )
+    if report.exact:
+        hints.append(f"bitwise equality was demanded (deterministic=True): {f.exact_note}.")
+    if not hints:
+        hints.append(
+            "no known cause detected: look for rank-dependent code, non-deterministic kernels, or "
+            "state kept between steps; rerun with steps=1 to see if the first step already diverges."
+        )
+    return hints
+
+
+def failure_message(report: "ParityReport") -> str:
+    failures = report.failures()
+    first = failures[0][0]
+    n_bad = len({(e.kind, e.name) for s, e, _ in failures if s == first})
+    n_all = len(report.records[first].errors) if first < len(report.records) else 0
+    lines = [
+        f"{report.describe()} diverges from one device at step {first} (of {len(report.records)}): "
+        f"{n_bad} of {n_all} tensors exceed the tolerance",
+        f"tolerance: {report.tolerance.describe()}",
+        "",
+        divergence_table(report),
+        "",
+        "per step, worst relative error (max abs err / max |reference|):",
+        summary_table(report),
+        "",
+        "likely causes:",
+    ]
+    lines += [f"  - {h}" for h in likely_causes(report)]
+    return "\n".join(lines)

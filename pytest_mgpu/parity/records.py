@@ -1,0 +1,130 @@
+"""What crosses the process boundary in a parity run: the job sent to the ranks, and the raw errors
+that rank 0 sends back. Small picklable dataclasses, no torch import at module level.
+
+The ranks only *measure* (max abs error and reference scale per tensor and step); the test process
+*judges* them against the tolerance, so that a tolerance change never needs a new run.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import pickle
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..launch.protocol import BadCallError, FnRef
+
+KINDS = ("loss", "output", "grad", "param", "buffer")
+
+
+@dataclass(frozen=True)
+class Portable:
+    """A user callable on its way to the ranks.
+
+    A plain function travels as a reference. A ``functools.partial`` or a callable object (e.g.
+    ``nn.CrossEntropyLoss(reduction="sum")``) travels pickled, together with a reference to its
+    function or class: resolving that first imports the module that defines it, also where that
+    module is a test file that only pytest knows how to import (the reference has its file).
+    """
+
+    ref: FnRef
+    blob: Optional[bytes] = None
+
+    @classmethod
+    def of(cls, obj, what: str) -> "Portable":
+        if not callable(obj):
+            raise BadCallError(f"{what} must be callable, got {type(obj).__name__}: {obj!r}")
+        if isinstance(obj, functools.partial):
+            anchor = obj.func
+        elif hasattr(obj, "__qualname__") and hasattr(obj, "__module__"):
+            anchor = None  # a function or class: a reference is enough
+        else:
+            anchor = type(obj)
+        try:
+            ref = FnRef.of(anchor if anchor is not None else obj)
+        except BadCallError as exc:
+            raise BadCallError(f"{what}: {exc}") from None
+        if anchor is None:
+            return cls(ref)
+        try:
+            blob = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            raise BadCallError(
+                f"{what} ({obj!r}) cannot be sent to the ranks: {exc}. Use a module-level function, "
+                "a functools.partial of one, or an object of a module-level class."
+            ) from None
+        return cls(ref, blob)
+
+    def load(self):
+        target = self.ref.resolve()
+        return target if self.blob is None else pickle.loads(self.blob)
+
+
+@dataclass(frozen=True)
+class ParityJob:
+    """One parity run, as every rank receives it."""
+
+    strategy: str
+    model_fn: Portable
+    batch_fn: Portable
+    loss_fn: Portable
+    optimizer_fn: Portable
+    steps: int
+    deterministic: bool
+    world_size: int  # the test's world size: devices of a single-process strategy when emulated
+    options: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TensorError:
+    """How far one tensor of the strategy is from the reference at one step."""
+
+    kind: str  # one of KINDS
+    name: str
+    shape: Tuple[int, ...]
+    max_abs: float  # max |strategy - reference|; inf where one side is NaN/inf and the other is not
+    scale: float  # max |reference|: what the error is relative to
+    norm_ratio: float = 1.0  # ||strategy|| / ||reference||: a constant != 1 means a scaling bug
+    missing: str = ""  # "strategy" / "reference": the tensor (or its grad) exists on one side only
+
+    @property
+    def max_rel(self) -> float:
+        if self.max_abs == 0.0:
+            return 0.0
+        return self.max_abs / self.scale if self.scale > 0 else math.inf
+
+
+@dataclass
+class StepRecord:
+    step: int
+    errors: List[TensorError] = field(default_factory=list)
+
+
+@dataclass
+class RunFacts:
+    """What rank 0 learnt about the model, the data and the strategy: the input of the hints."""
+
+    strategy: str
+    world_size: int
+    dtype: str = "float32"  # the parameters' dtype; "tf32" when CUDA fp32 runs on TF32 units
+    device: str = "cpu"
+    training: bool = True
+    batchnorm: List[str] = field(default_factory=list)  # BatchNorm modules that are not SyncBatchNorm
+    syncbn: List[str] = field(default_factory=list)
+    dropout: List[str] = field(default_factory=list)  # active dropout modules (p > 0)
+    loss_reduction: Optional[str] = None
+    batch_sizes: List[int] = field(default_factory=list)  # global batch per step
+    shard_sizes: List[int] = field(default_factory=list)  # per rank (data-parallel strategies)
+    microbatches: int = 1  # micro-batches per step (pipelines, accumulation)
+    unused: List[str] = field(default_factory=list)  # parameters without a reference gradient
+    stages: List[List[str]] = field(default_factory=list)  # top-level modules per stage
+    exact: bool = False  # the strategy computes in the reference's order: bitwise is possible
+    exact_note: str = ""  # why it is or is not
+
+
+@dataclass
+class RankResult:
+    """What rank 0 returns from a parity run."""
+
+    records: List[StepRecord]
+    facts: RunFacts

@@ -1,0 +1,597 @@
+"""The strategies a parity run knows: how each wraps the model, splits the global batch, and gives
+back full gradients, parameters and buffers in the original model's names.
+
+The top half is plain data used in the test process (names, options, where a strategy can run,
+whether it can be bitwise equal to one device). The runners below it run inside the ranks.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+# -- what the test process needs ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    process: str  # "ranks": one process per device (dist.run); "single": one process (run_single)
+    options: Dict[str, Any]  # option -> default
+    about: str
+
+
+_COMMON = {"check_buffers": True}
+STRATEGIES: Dict[str, Strategy] = {
+    s.name: s
+    for s in (
+        Strategy(
+            "ddp",
+            "ranks",
+            {
+                "sync_bn": False,
+                "accumulate": 1,
+                "find_unused_parameters": False,
+                "broadcast_buffers": True,
+                "gradient_as_bucket_view": False,
+                "static_graph": False,
+                "bucket_cap_mb": None,
+            },
+            "DistributedDataParallel, batch sharded as DistributedSampler(shuffle=False) does",
+        ),
+        Strategy(
+            "fsdp",
+            "ranks",
+            {"fsdp_version": 2, "shard_modules": "children", "reshard_after_forward": True,
+             "sharding_strategy": "FULL_SHARD"},
+            "fully_shard (FSDP2; fsdp_version=1 for FullyShardedDataParallel), batch sharded like ddp",
+        ),
+        Strategy("dp", "single", {}, "nn.DataParallel over the test's GPUs in one process"),
+        Strategy(
+            "model_parallel",
+            "single",
+            {"split_points": None},
+            "consecutive stages on consecutive devices in one process (cut before split_points)",
+        ),
+        Strategy(
+            "pipeline",
+            "single",
+            {"split_points": None, "split_size": None, "schedule": None, "n_microbatches": None},
+            "model_parallel fed micro-batches of split_size; with schedule='gpipe'|'1f1b', one stage "
+            "per rank with torch.distributed.pipelining",
+        ),
+    )
+}
+SCHEDULES = ("gpipe", "1f1b")
+
+
+class StrategyError(ValueError):
+    """An unknown strategy, or an option it does not take."""
+
+
+def resolve(strategy: str, options: Dict[str, Any]) -> Tuple[Strategy, Dict[str, Any]]:
+    """The strategy and its full option set (defaults filled in); StrategyError says what is valid."""
+    spec = STRATEGIES.get(strategy)
+    if spec is None:
+        known = "\n".join(f"  {s.name!r}: {s.about}" for s in STRATEGIES.values())
+        raise StrategyError(f"unknown parity strategy {strategy!r}; pytest-mgpu knows:\n{known}")
+    allowed = {**_COMMON, **spec.options}
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise StrategyError(
+            f"strategy {strategy!r} takes no option(s) {', '.join(map(repr, unknown))}; its options "
+            f"are: {', '.join(f'{k}={v!r}' for k, v in allowed.items())} (and loss_fn, optimizer_fn, "
+            "steps, rtol, atol, deterministic)"
+        )
+    opts = {**allowed, **options}
+    if strategy == "pipeline":
+        sched = opts["schedule"]
+        if sched is not None and str(sched).lower() not in SCHEDULES:
+            raise StrategyError(f"schedule must be one of {SCHEDULES} or None (one process), got {sched!r}")
+        if sched is not None:
+            opts["schedule"] = str(sched).lower()
+            spec = Strategy(spec.name, "ranks", spec.options, spec.about)
+        for key in ("split_size", "n_microbatches"):
+            if opts[key] is not None and (not isinstance(opts[key], int) or opts[key] < 1):
+                raise StrategyError(f"{key} must be a positive integer, got {opts[key]!r}")
+    if strategy == "ddp" and (not isinstance(opts["accumulate"], int) or opts["accumulate"] < 1):
+        raise StrategyError(f"accumulate must be a positive integer, got {opts['accumulate']!r}")
+    if strategy == "fsdp" and opts["fsdp_version"] not in (1, 2):
+        raise StrategyError(f"fsdp_version must be 1 or 2, got {opts['fsdp_version']!r}")
+    sp = opts.get("split_points")
+    if sp is not None and (isinstance(sp, str) or not all(isinstance(x, str) for x in sp)):
+        raise StrategyError(f"split_points must be a list of module names, e.g. ['layer3'], got {sp!r}")
+    return spec, opts
+
+
+def unavailable(spec: Strategy, opts: Dict[str, Any], device_type: str, world_size: int) -> Optional[str]:
+    """Why this strategy cannot run on this test's devices, or None."""
+    if spec.name == "dp":
+        if device_type != "cuda":
+            return (
+                "nn.DataParallel needs CUDA devices: on CPU its device_ids become [] and it just calls "
+                "the module, which proves nothing (run on 2+ GPUs)"
+            )
+        if world_size < 2:
+            return "nn.DataParallel needs 2+ GPUs to split a batch; this test has 1 (use gpu2 or gpu4)"
+    if spec.name == "ddp" and opts.get("sync_bn") and device_type != "cuda":
+        return (
+            "SyncBatchNorm trains only on CUDA tensors ('SyncBatchNorm expected input tensor to be "
+            "on GPU'); this test runs on emulated CPU ranks"
+        )
+    if spec.name == "fsdp" and opts.get("fsdp_version") == 1:
+        import torch.distributed.fsdp as fsdp
+
+        if not hasattr(fsdp, "FullyShardedDataParallel"):
+            return "this torch has no FSDP1 (FullyShardedDataParallel); use fsdp_version=2"
+    return None
+
+
+def exactness(spec: Strategy, opts: Dict[str, Any], world_size: int, microbatches: int) -> Tuple[bool, str]:
+    """Whether the strategy computes each number in the reference's order, so bitwise equality is
+    a fair demand (deterministic=True), and why."""
+    name = spec.name
+    if name == "model_parallel":
+        return True, "model parallel runs the same kernels on the same batch, stage after stage"
+    if microbatches > 1:
+        return False, f"{microbatches} micro-batches sum their gradients in a different order"
+    if name == "pipeline":
+        if opts.get("schedule"):
+            return False, "pipeline schedules rescale gradients and run traced stage graphs"
+        return True, "one micro-batch: the same kernels on the same batch"
+    if world_size > 1:
+        return False, f"{world_size} ranks reduce gradients across shards in a different order"
+    return True, "one rank: the collectives are identities"
+
+
+# -- inside the ranks -----------------------------------------------------------------------------
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def tree_to(tree, device):
+    from torch.utils._pytree import tree_map_only
+
+    return tree_map_only(_torch().Tensor, lambda t: t.to(device), tree)
+
+
+def tree_index(tree, index):
+    from torch.utils._pytree import tree_map_only
+
+    return tree_map_only(_torch().Tensor, lambda t: t[index], tree)
+
+
+def batch_len(tree) -> int:
+    from torch.utils._pytree import tree_leaves
+
+    for leaf in tree_leaves(tree):
+        if isinstance(leaf, _torch().Tensor) and leaf.dim() > 0:
+            return int(leaf.shape[0])
+    raise ValueError("batch_fn(step) must return (inputs, targets) with tensors batched along dim 0")
+
+
+def call_model(model, inputs):
+    return model(*inputs) if isinstance(inputs, (tuple, list)) else model(inputs)
+
+
+def shard_indices(batch: int, world_size: int, rank: int) -> List[int]:
+    """This rank's samples of a global batch, exactly as DistributedSampler(shuffle=False) picks
+    them: interleaved, padded by repeating the first samples when the batch is not divisible."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    return list(DistributedSampler(range(batch), num_replicas=world_size, rank=rank, shuffle=False))
+
+
+def split_micro(tree, n: int) -> list:
+    """``n`` consecutive chunks along dim 0 (torch.tensor_split: sizes differ by at most one)."""
+    torch = _torch()
+    b = batch_len(tree)
+    bounds = torch.linspace(0, b, n + 1).round().long().tolist() if n > 1 else [0, b]
+    return [tree_index(tree, slice(bounds[i], bounds[i + 1])) for i in range(len(bounds) - 1)]
+
+
+class Runner:
+    """One strategy inside one rank. The worker calls, every step: forward_backward, grads,
+    optimizer_step, params, buffers. Dict-returning methods are collective where the strategy needs
+    it and return full tensors (any device) on rank 0, None elsewhere."""
+
+    outputs_comparable = False  # whether forward_backward returns the global batch's output
+
+    def __init__(self, model, opts, ctx, loss_fn, optimizer_fn, example, world):
+        self.opts, self.ctx, self.loss_fn = opts, ctx, loss_fn
+        self.rank, self.world_size = ctx.rank, ctx.world_size
+        self.world = world  # devices the strategy spans (ranks, or devices of one process)
+        self.microbatches = 1
+        self.shard_sizes: List[int] = []
+        self.stages: List[List[str]] = []
+
+    def forward_backward(self, inputs, targets):  # -> (global loss as a 0-d tensor or float, output)
+        raise NotImplementedError
+
+    def optimizer_step(self):
+        self.optimizer.step()
+
+    def grads(self):
+        return self._local(lambda m: {n: p.grad for n, p in m.named_parameters()})
+
+    def params(self):
+        return self._local(lambda m: dict(m.named_parameters()))
+
+    def buffers(self):
+        return self._local(lambda m: dict(m.named_buffers()))
+
+    def _local(self, get):
+        return get(self.module) if self.rank == 0 else None
+
+
+def _mean_over_ranks(value, world_size):
+    """All-reduce a 0-d loss to its mean over ranks (gloo has no ReduceOp.AVG)."""
+    import torch.distributed as dist
+
+    t = value.detach().clone().reshape(1).float()
+    dist.all_reduce(t)
+    return t / world_size
+
+
+class _ShardedRunner(Runner):
+    """Data parallel across ranks: each rank takes its DistributedSampler shard of the global batch."""
+
+    def _my_shard(self, inputs, targets):
+        b = batch_len(inputs)
+        idx = shard_indices(b, self.world_size, self.rank)
+        self.shard_sizes = [len(shard_indices(b, self.world_size, r)) for r in range(self.world_size)]
+        dev = self.ctx.device()
+        return tree_to(tree_index(inputs, idx), dev), tree_to(tree_index(targets, idx), dev)
+
+
+class DDPRunner(_ShardedRunner):
+    def __init__(self, model, opts, ctx, loss_fn, optimizer_fn, example, world):
+        super().__init__(model, opts, ctx, loss_fn, optimizer_fn, example, world)
+        torch = _torch()
+        from torch.nn.parallel import DistributedDataParallel
+
+        dev = ctx.device()
+        if opts["sync_bn"]:
+            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        model.to(dev)
+        kwargs = {k: opts[k] for k in ("find_unused_parameters", "broadcast_buffers",
+                                       "gradient_as_bucket_view", "static_graph")}
+        if opts["bucket_cap_mb"] is not None:
+            kwargs["bucket_cap_mb"] = opts["bucket_cap_mb"]
+        self.ddp = DistributedDataParallel(model, device_ids=[dev] if dev.type == "cuda" else None, **kwargs)
+        self.module = self.ddp.module
+        self.optimizer = optimizer_fn(self.ddp.parameters())
+        self.microbatches = opts["accumulate"]
+
+    def forward_backward(self, inputs, targets):
+        self.optimizer.zero_grad(set_to_none=True)
+        x, y = self._my_shard(inputs, targets)
+        k = self.microbatches
+        total = 0.0
+        for i, (xm, ym) in enumerate(zip(split_micro(x, k), split_micro(y, k))):
+            # gradient accumulation: all micro-batches but the last skip the all-reduce
+            sync = contextlib.nullcontext() if i == k - 1 else self.ddp.no_sync()
+            with sync:
+                loss = self.loss_fn(call_model(self.ddp, xm), ym)
+                (loss / k).backward()
+            total = total + loss.detach() / k
+        return _mean_over_ranks(total, self.world_size), None
+
+
+class FSDPRunner(_ShardedRunner):
+    def __init__(self, model, opts, ctx, loss_fn, optimizer_fn, example, world):
+        super().__init__(model, opts, ctx, loss_fn, optimizer_fn, example, world)
+        dev = ctx.device()
+        names = self._shard_names(model, opts["shard_modules"])
+        self.version = opts["fsdp_version"]
+        if self.version == 2:
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+
+            model.to(dev)
+            mesh = init_device_mesh(dev.type, (self.world_size,))
+            for name in names:
+                fully_shard(model.get_submodule(name), mesh=mesh,
+                            reshard_after_forward=opts["reshard_after_forward"])
+            fully_shard(model, mesh=mesh, reshard_after_forward=opts["reshard_after_forward"])
+            self.module = self.wrapped = model
+        else:
+            import functools
+
+            from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+            from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
+
+            targets = {id(model.get_submodule(n)) for n in names}
+            policy = functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: id(m) in targets)
+            self.wrapped = FullyShardedDataParallel(
+                model,
+                device_id=dev,
+                use_orig_params=True,
+                auto_wrap_policy=policy,
+                sharding_strategy=ShardingStrategy[str(opts["sharding_strategy"]).upper()],
+            )
+            self.module = self.wrapped
+        self.optimizer = optimizer_fn(self.wrapped.parameters())
+
+    @staticmethod
+    def _shard_names(model, spec) -> List[str]:
+        if spec in (None, "root"):
+            return []
+        if spec == "children":
+            return [n for n, m in model.named_children() if any(True for _ in m.parameters())]
+        return list(spec)
+
+    def forward_backward(self, inputs, targets):
+        self.optimizer.zero_grad(set_to_none=True)
+        x, y = self._my_shard(inputs, targets)
+        loss = self.loss_fn(call_model(self.wrapped, x), y)
+        loss.backward()
+        return _mean_over_ranks(loss, self.world_size), None
+
+    def _full(self, which):
+        """Full tensors: DTensor.full_tensor() (FSDP2) or summon_full_params (FSDP1); collective."""
+        if self.version == 2:
+            from torch.distributed.tensor import DTensor
+
+            def full(t):
+                return t.full_tensor() if isinstance(t, DTensor) else t
+
+            if which == "grads":
+                out = {n: (full(p.grad) if p.grad is not None else None) for n, p in self.module.named_parameters()}
+            else:
+                out = {n: full(p.detach()) for n, p in self.module.named_parameters()}
+            return out if self.rank == 0 else None
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        from torch.distributed.fsdp._common_utils import clean_tensor_name
+
+        with FullyShardedDataParallel.summon_full_params(self.wrapped, writeback=False, with_grads=which == "grads"):
+            if which == "grads":
+                out = {clean_tensor_name(n): (p.grad.detach().clone() if p.grad is not None else None)
+                       for n, p in self.wrapped.named_parameters()}
+            else:
+                out = {clean_tensor_name(n): p.detach().clone() for n, p in self.wrapped.named_parameters()}
+        return out if self.rank == 0 else None
+
+    def grads(self):
+        return self._full("grads")
+
+    def params(self):
+        return self._full("params")
+
+    def buffers(self):
+        if self.rank != 0:
+            return None
+        if self.version == 2:
+            return dict(self.module.named_buffers())
+        from torch.distributed.fsdp._common_utils import clean_tensor_name
+
+        return {clean_tensor_name(n): b for n, b in self.wrapped.named_buffers()}
+
+
+class DPRunner(Runner):
+    outputs_comparable = True
+
+    def __init__(self, model, opts, ctx, loss_fn, optimizer_fn, example, world):
+        super().__init__(model, opts, ctx, loss_fn, optimizer_fn, example, world)
+        torch = _torch()
+        ids = list(ctx.devices)
+        self.device = torch.device("cuda", ids[0])
+        self.module = model.to(self.device)
+        self.dp = torch.nn.DataParallel(self.module, device_ids=ids)
+        self.optimizer = optimizer_fn(self.module.parameters())
+        self.shard_sizes = []
+
+    def forward_backward(self, inputs, targets):
+        self.optimizer.zero_grad(set_to_none=True)
+        b = batch_len(inputs)
+        self.shard_sizes = [len(c) for c in _torch().arange(b).chunk(len(self.dp.device_ids))]
+        out = call_model(self.dp, tree_to(inputs, self.device))
+        loss = self.loss_fn(out, tree_to(targets, out.device))
+        loss.backward()
+        return loss.detach(), out.detach()
+
+
+# -- model and pipeline parallel in one process ---------------------------------------------------
+
+
+def auto_split_points(model, n_stages: int) -> List[str]:
+    """Cut the top-level children into ``n_stages`` consecutive runs of about equal parameter count
+    (a child without parameters weighs 1); every stage gets at least one child."""
+    children = list(model.named_children())
+    n = min(n_stages, len(children))
+    if n <= 1:
+        return []
+    weights = [max(1, sum(p.numel() for p in m.parameters())) for _, m in children]
+    total = sum(weights)
+    points: List[str] = []
+    acc = 0
+    for i, (name, _) in enumerate(children):
+        if i > 0 and len(points) < n - 1:
+            share_done = acc >= (len(points) + 1) * total / n
+            must_cut = len(children) - i <= n - 1 - len(points)
+            if share_done or must_cut:
+                points.append(name)
+        acc += weights[i]
+    return points
+
+
+def stage_of_modules(model, split_points: Sequence[str]) -> Dict[str, int]:
+    """Stage index of every module (pre-order): each split point starts a new stage."""
+    names = dict(model.named_modules())
+    missing = [p for p in split_points if p not in names]
+    if missing:
+        top = ", ".join(n for n, _ in model.named_children())
+        raise ValueError(f"split_points {missing} name no module of the model; top-level modules: {top}")
+    points, stage, out = set(split_points), 0, {}
+    for name, _ in model.named_modules():
+        if name in points:
+            stage += 1
+        out[name] = stage
+    return out
+
+
+def place_stages(model, split_points: Sequence[str], devices: Sequence) -> List[List[str]]:
+    """Move each module's own tensors to its stage's device, and move every module's inputs to its
+    device before it runs (a forward pre-hook): the model's own forward, glue ops included, runs
+    across the devices unchanged, as in the seed's ModelParallelResNet50."""
+    stage_of = stage_of_modules(model, split_points)
+    n = max(stage_of.values()) + 1
+    for name, mod in model.named_modules():
+        dev = devices[stage_of[name] % len(devices)]
+        has_own = any(True for _ in mod.parameters(recurse=False)) or any(True for _ in mod.buffers(recurse=False))
+        if not has_own:
+            continue
+        mod._apply(lambda t, d=dev: t.to(d), recurse=False)
+
+        def hook(module, args, kwargs, d=dev):
+            return tree_to(args, d), tree_to(kwargs, d)
+
+        mod.register_forward_pre_hook(hook, with_kwargs=True)
+    stages: List[List[str]] = [[] for _ in range(n)]
+    for name, _ in model.named_children():
+        stages[stage_of[name]].append(name)
+    return stages
+
+
+class StagedRunner(Runner):
+    """model_parallel, and the seed's pipelined version: the global batch in micro-batches of
+    ``split_size`` through the staged model, outputs concatenated, one loss (CUDA's asynchronous
+    launches overlap the stages)."""
+
+    outputs_comparable = True
+
+    def __init__(self, model, opts, ctx, loss_fn, optimizer_fn, example, world):
+        super().__init__(model, opts, ctx, loss_fn, optimizer_fn, example, world)
+        torch = _torch()
+        if ctx.device_type == "cuda" and ctx.devices:
+            devices = [torch.device("cuda", i) for i in ctx.devices]
+        else:
+            devices = [torch.device("cpu")] * max(1, world)  # emulated: stages share the CPU
+        points = opts["split_points"]
+        if points is None:
+            points = auto_split_points(model, len(devices))
+        self.stages = place_stages(model, points, devices)
+        self.module = model
+        self.optimizer = optimizer_fn(model.parameters())
+        self.split_size = opts.get("split_size")
+
+    def forward_backward(self, inputs, targets):
+        torch = _torch()
+        self.optimizer.zero_grad(set_to_none=True)
+        b = batch_len(inputs)
+        size = self.split_size or b
+        self.microbatches = -(-b // size)
+        chunks = [tree_index(inputs, slice(i, i + size)) for i in range(0, b, size)]
+        outs = [call_model(self.module, c) for c in chunks]
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)
+        loss = self.loss_fn(out, tree_to(targets, out.device))
+        loss.backward()
+        return loss.detach(), out.detach()
+
+
+class DistributedPipelineRunner(Runner):
+    """One stage per rank, torch.distributed.pipelining with ScheduleGPipe or Schedule1F1B.
+
+    An ``nn.Sequential`` is cut by slicing (cheap, names kept); any other model is traced with
+    ``pipeline()`` and ``SplitPoint.BEGINNING`` (needs torch.export to capture it whole)."""
+
+    def __init__(self, model, opts, ctx, loss_fn, optimizer_fn, example, world):
+        super().__init__(model, opts, ctx, loss_fn, optimizer_fn, example, world)
+        import torch.distributed.pipelining as pp
+
+        torch = _torch()
+        dev = ctx.device()
+        inputs, _ = example
+        b = batch_len(inputs)
+        if opts["n_microbatches"]:
+            self.microbatches = opts["n_microbatches"]
+        elif opts["split_size"]:
+            self.microbatches = -(-b // opts["split_size"])
+        else:
+            self.microbatches = max(2, self.world_size)
+        points = opts["split_points"]
+        if points is None:
+            points = auto_split_points(model, self.world_size)
+        if len(points) != self.world_size - 1:
+            raise ValueError(
+                f"a pipeline over {self.world_size} ranks needs {self.world_size - 1} split point(s) "
+                f"(one stage per rank), got {list(points)}"
+            )
+        if isinstance(model, torch.nn.Sequential):
+            names = list(model._modules)
+            missing = [p for p in points if p not in names]
+            if missing:
+                raise ValueError(f"split_points {missing} are not children of the nn.Sequential: {names}")
+            cuts = [0] + [names.index(p) for p in points] + [len(names)]
+            stage_mod = model[cuts[self.rank]:cuts[self.rank + 1]].to(dev)
+            self.stages = [names[cuts[i]:cuts[i + 1]] for i in range(self.world_size)]
+            stage = pp.PipelineStage(stage_mod, self.rank, self.world_size, dev)
+        else:
+            mb = split_micro(inputs, self.microbatches)[0]
+            mb_args = tuple(mb) if isinstance(mb, (tuple, list)) else (mb,)
+            pipe = pp.pipeline(model, mb_args=mb_args,
+                               split_spec={p: pp.SplitPoint.BEGINNING for p in points})
+            stage = pipe.build_stage(self.rank, dev)
+            stage_mod = pipe.get_stage_module(self.rank)
+            self.stages = [[f"from {p}"] for p in ["the input"] + list(points)]
+        self.module = stage_mod
+        sched_cls = pp.ScheduleGPipe if opts["schedule"] == "gpipe" else pp.Schedule1F1B
+        self.schedule = sched_cls(stage, n_microbatches=self.microbatches, loss_fn=loss_fn)
+        self.optimizer = optimizer_fn(stage_mod.parameters())
+        self.device = dev
+
+    def forward_backward(self, inputs, targets):
+        import torch.distributed as dist
+
+        torch = _torch()
+        self.optimizer.zero_grad(set_to_none=True)
+        first, last = self.rank == 0, self.rank == self.world_size - 1
+        x = tree_to(inputs, self.device)
+        args = tuple(x) if isinstance(x, (tuple, list)) else (x,)
+        losses: list = []
+        kwargs = {"target": tree_to(targets, self.device), "losses": losses} if last else {}
+        self.schedule.step(*(args if first else ()), **kwargs)
+        loss = torch.stack([l.detach().float() for l in losses]).mean().reshape(1) if last else \
+            torch.zeros(1, device=self.device)
+        dist.broadcast(loss, src=self.world_size - 1)
+        return loss, None
+
+    def _gather(self, get):
+        import torch.distributed as dist
+
+        mine = {n: (t.detach().cpu() if t is not None else None) for n, t in get(self.module).items()}
+        parts = [None] * self.world_size if self.rank == 0 else None
+        dist.gather_object(mine, parts, dst=0)
+        if self.rank != 0:
+            return None
+        merged: Dict[str, Any] = {}
+        for part in parts:
+            merged.update(part)
+        return merged
+
+    def grads(self):
+        return self._gather(lambda m: {n: p.grad for n, p in m.named_parameters()})
+
+    def params(self):
+        return self._gather(lambda m: dict(m.named_parameters()))
+
+    def buffers(self):
+        return self._gather(lambda m: dict(m.named_buffers()))
+
+
+def make_runner(name: str, opts, model, ctx, loss_fn, optimizer_fn, example, world: int) -> Runner:
+    if name == "ddp":
+        cls = DDPRunner
+    elif name == "fsdp":
+        cls = FSDPRunner
+    elif name == "dp":
+        cls = DPRunner
+    elif name == "pipeline" and opts.get("schedule"):
+        cls = DistributedPipelineRunner
+    else:
+        cls = StagedRunner
+    return cls(model, opts, ctx, loss_fn, optimizer_fn, example, world)

@@ -1,0 +1,200 @@
+"""The rank side of a parity run: train the strategy and, on rank 0, the one-device reference, step
+by step, and measure how far every loss, output, gradient, parameter and buffer is from it.
+
+Why the reference lives in rank 0 of the same launch rather than in its own ``run_single``:
+- one launch instead of two (no second fork and process-group start);
+- rank 0 compares in memory, so only per-tensor error summaries cross the process boundary, never
+  the model's gradients and parameters (100 MB per step for a ResNet50 in fp32);
+- reference and strategy advance together, so no step's tensors need to be kept.
+It costs nothing in wall time: a separate reference run would be sequential with the strategy run
+anyway, and while rank 0 trains the reference the other ranks wait in their first collective.
+On a GPU it costs the reference model's memory on rank 0's device.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Dict, List, Optional
+
+from .records import ParityJob, RankResult, RunFacts, StepRecord, TensorError
+from .strategies import STRATEGIES, call_model, exactness, make_runner, tree_to
+
+
+def _deterministic() -> None:
+    """Bitwise mode: deterministic kernels (cuBLAS needs its workspace config before first use)."""
+    import torch
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+
+
+def build_model(model_fn, seed: int):
+    """``model_fn()`` right after seeding, so every replica and the reference start identical."""
+    import torch
+
+    torch.manual_seed(seed)
+    model = model_fn()
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model_fn must return an nn.Module, returned {type(model).__name__}")
+    return model
+
+
+def _effective_dtype(model, device) -> str:
+    import torch
+
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    name = str(dtype).replace("torch.", "")
+    if device.type == "cuda" and dtype == torch.float32:
+        has_conv = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
+        if torch.get_float32_matmul_precision() != "highest" or (has_conv and torch.backends.cudnn.allow_tf32):
+            return "tf32"
+    return name
+
+
+def _loss_reduction(loss_fn) -> Optional[str]:
+    red = getattr(loss_fn, "reduction", None)
+    if red is None and hasattr(loss_fn, "keywords"):
+        red = loss_fn.keywords.get("reduction")
+    return str(red) if red is not None else None
+
+
+def model_facts(model, loss_fn, job: ParityJob, world_size: int, device) -> RunFacts:
+    import torch
+    from torch.nn.modules.batchnorm import _BatchNorm
+    from torch.nn.modules.dropout import _DropoutNd
+
+    batch_stats = [
+        n for n, m in model.named_modules()
+        if isinstance(m, _BatchNorm) and (m.training or not m.track_running_stats)
+    ]
+    facts = RunFacts(
+        strategy=job.strategy + (f"/{job.options['schedule']}" if job.options.get("schedule") else ""),
+        world_size=world_size,
+        dtype=_effective_dtype(model, device),
+        device=str(device),
+        training=model.training,
+        dropout=[n for n, m in model.named_modules() if isinstance(m, _DropoutNd) and m.p > 0 and m.training],
+        loss_reduction=_loss_reduction(loss_fn),
+    )
+    sync = [n for n in batch_stats if isinstance(model.get_submodule(n), torch.nn.SyncBatchNorm)]
+    if job.options.get("sync_bn"):
+        facts.syncbn = batch_stats
+    else:
+        facts.syncbn = sync
+        facts.batchnorm = [n for n in batch_stats if n not in sync]
+    return facts
+
+
+def tensor_error(kind: str, name: str, got, ref) -> TensorError:
+    """Max abs error of ``got`` against ``ref``; a missing tensor counts as zeros (flagged)."""
+    import torch
+
+    missing = ""
+    if got is None or ref is None:
+        missing = "strategy" if got is None else "reference"
+        present = ref if got is None else got
+        got = torch.zeros_like(present) if got is None else got
+        ref = torch.zeros_like(present) if ref is None else ref
+    got = got.detach().to(device=ref.device, dtype=ref.dtype)
+    ref = ref.detach()
+    shape = tuple(ref.shape)
+    if got.shape != ref.shape:
+        return TensorError(kind, name, shape, math.inf, 0.0, math.nan, f"shape {tuple(got.shape)}")
+    if ref.numel() == 0:
+        return TensorError(kind, name, shape, 0.0, 0.0, 1.0, missing)
+    if not ref.is_floating_point():
+        return TensorError(kind, name, shape, float((got != ref).sum().item()), 0.0, 1.0, missing)
+    same = (got == ref) | (torch.isnan(got) & torch.isnan(ref))
+    diff = torch.where(same, torch.zeros_like(ref), (got - ref).abs()).nan_to_num(nan=math.inf)
+    max_abs = float(diff.max().item())
+    scale = float(ref.abs().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).max().item())
+    rn, gn = ref.double().norm().item(), got.double().norm().item()
+    ratio = gn / rn if rn > 0 else (1.0 if gn == 0 else math.inf)
+    return TensorError(kind, name, shape, max_abs, scale, ratio, missing)
+
+
+def compare(kind: str, got: Dict, ref: Dict, skip_int: bool = True) -> List[TensorError]:
+    out = []
+    for name in list(ref) + [n for n in got if n not in ref]:
+        r, g = ref.get(name), got.get(name)
+        if r is None and g is None:
+            continue
+        if skip_int and any(t is not None and not t.is_floating_point() for t in (r, g)):
+            continue  # num_batches_tracked and other counters
+        out.append(tensor_error(kind, name, g, r))
+    return out
+
+
+def run_parity(job: ParityJob) -> Optional[RankResult]:
+    """Runs in every rank (or in the one process of a single-process strategy)."""
+    import torch
+
+    from .._context import rank_context
+
+    ctx = rank_context()
+    if job.deterministic:
+        _deterministic()
+    model_fn, batch_fn = job.model_fn.load(), job.batch_fn.load()
+    loss_fn, optimizer_fn = job.loss_fn.load(), job.optimizer_fn.load()
+    spec = STRATEGIES[job.strategy]
+    single = spec.process == "single" and not job.options.get("schedule")
+    if single and ctx.device_type == "cuda" and ctx.devices:
+        ref_device = torch.device("cuda", ctx.devices[0])
+    else:
+        ref_device = ctx.device()
+    if single:
+        world = len(ctx.devices) if ctx.device_type == "cuda" else job.world_size
+    else:
+        world = ctx.world_size
+    lead = ctx.rank == 0
+
+    example = batch_fn(0)
+    ref = ref_opt = facts = None
+    if lead:
+        ref = build_model(model_fn, ctx.seed).to(ref_device)
+        ref_opt = optimizer_fn(ref.parameters())
+        facts = model_facts(ref, loss_fn, job, world, ref_device)
+    runner = make_runner(job.strategy, job.options, build_model(model_fn, ctx.seed), ctx, loss_fn,
+                         optimizer_fn, example, world)
+    rng_devices = [ref_device.index] if ref_device.type == "cuda" else []
+    records: List[StepRecord] = []
+    for step in range(job.steps):
+        inputs, targets = example if step == 0 else batch_fn(step)
+        rec = StepRecord(step)
+        if lead:
+            # the reference must not consume the strategy's random numbers
+            with torch.random.fork_rng(devices=rng_devices):
+                ref_opt.zero_grad(set_to_none=True)
+                ref_out = call_model(ref, tree_to(inputs, ref_device))
+                ref_loss = loss_fn(ref_out, tree_to(targets, ref_out.device))
+                ref_loss.backward()
+            facts.batch_sizes.append(int(ref_out.shape[0]) if ref_out.dim() else 0)
+            if step == 0:
+                facts.unused = [n for n, p in ref.named_parameters() if p.requires_grad and p.grad is None]
+        loss, out = runner.forward_backward(inputs, targets)
+        grads = runner.grads()
+        if lead:
+            loss_t = torch.as_tensor(loss).reshape(()).to(ref_device, ref_loss.dtype)
+            rec.errors.append(tensor_error("loss", "loss", loss_t, ref_loss.detach().reshape(())))
+            if out is not None and runner.outputs_comparable:
+                rec.errors.append(tensor_error("output", "output", out, ref_out.detach()))
+            rec.errors += compare("grad", grads, {n: p.grad for n, p in ref.named_parameters()})
+        runner.optimizer_step()
+        if lead:
+            ref_opt.step()
+        params = runner.params()
+        buffers = runner.buffers() if job.options.get("check_buffers", True) else None
+        if lead:
+            rec.errors += compare("param", params, dict(ref.named_parameters()))
+            if buffers is not None:
+                rec.errors += compare("buffer", buffers, dict(ref.named_buffers()))
+            records.append(rec)
+    if not lead:
+        return None
+    facts.microbatches = runner.microbatches
+    facts.shard_sizes = list(runner.shard_sizes)
+    facts.stages = [list(s) for s in runner.stages]
+    facts.exact, facts.exact_note = exactness(spec, job.options, world, runner.microbatches)
+    return RankResult(records, facts)

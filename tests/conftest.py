@@ -1,0 +1,99 @@
+"""Shared helpers for the plugin's own tests (pytester runs real pytest sessions)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+# pytester's in-process runs drop modules first imported inside them; torch's C extension cannot be
+# imported twice in one process, so import it (and what the inner runs use) here, once.
+import torch  # noqa: F401
+import torch.distributed  # noqa: F401
+import torchvision  # noqa: F401
+
+
+def processes_with_token(token: str) -> list[int]:
+    """Live (non-zombie) processes whose environment carries ``token``: everything a pytest run
+    started with that token in its environment left behind, however deep."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read()
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if token.encode() in env and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+def wait_for_no_processes(token: str, timeout: float = 10.0) -> list[int]:
+    """Killed processes take a moment to be reaped; poll (bounded) until none is left."""
+    end = time.monotonic() + timeout
+    left = processes_with_token(token)
+    while left and time.monotonic() < end:
+        time.sleep(0.1)
+        left = processes_with_token(token)
+    return left
+
+
+class Subpytest:
+    """Runs pytest in a subprocess tagged with a unique environment token, to count what it leaves."""
+
+    def __init__(self, pytester: pytest.Pytester):
+        self.pytester = pytester
+        self.token = f"mgpu-test-{uuid.uuid4().hex}"
+
+    def env(self, **extra) -> dict:
+        env = dict(os.environ)
+        env.pop("PYTEST_XDIST_WORKER", None)
+        env.pop("PYTEST_MGPU_FALLBACK", None)
+        env["MGPU_TEST_TOKEN"] = self.token
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update(extra)
+        return env
+
+    def popen(self, *args, **env) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args]
+        return subprocess.Popen(
+            cmd,
+            cwd=str(self.pytester.path),
+            env=self.env(**env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+
+    def run(self, *args, timeout: float = 240, **env) -> tuple[int, str]:
+        p = self.popen(*args, **env)
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            out, _ = p.communicate()
+            raise AssertionError(f"pytest subprocess did not end within {timeout}s:\n{out}")
+        return p.returncode, out
+
+    def leftovers(self, timeout: float = 10.0) -> list[int]:
+        return wait_for_no_processes(self.token, timeout)
+
+
+@pytest.fixture
+def subpytest(pytester) -> Subpytest:
+    sp = Subpytest(pytester)
+    yield sp
+    for pid in processes_with_token(sp.token):  # never leave anything behind, even on failure
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass

@@ -1,0 +1,101 @@
+"""Device planning and disjoint device leases (real flock'ed files, real processes)."""
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pytest_mgpu.devices import DeviceLeaser, Hardware, plan_for
+
+GPUS4 = Hardware(("0", "1", "2", "3"), ("H100",) * 4, 16)
+NONE = Hardware((), (), 2)
+
+
+def test_plan_uses_gpus_when_there_are_enough():
+    plan = plan_for(4, GPUS4, "skip")
+    assert (plan.device_type, plan.backend, plan.emulated, plan.skip_reason) == ("cuda", "nccl", False, None)
+
+
+def test_plan_skips_or_emulates_when_short():
+    skip = plan_for(8, GPUS4, "skip")
+    assert skip.skip_reason and "needs 8 GPU(s), found 4" in skip.skip_reason
+    emu = plan_for(2, NONE, "cpu")
+    assert (emu.device_type, emu.backend, emu.emulated) == ("cpu", "gloo", True)
+    assert plan_for(16, NONE, "cpu", max_cpu_ranks=8).skip_reason
+
+
+def _hold(lock_dir, ids, n, hold_s, q):
+    leaser = DeviceLeaser(ids, lock_dir)
+    lease = leaser.acquire(n, timeout_s=60)
+    t0 = time.monotonic()
+    q.put((os.getpid(), lease.ids, t0))
+    time.sleep(hold_s)  # holding the devices is the point of this process
+    q.put((os.getpid(), "released", time.monotonic()))
+    lease.release()
+
+
+def test_concurrent_processes_get_disjoint_devices(tmp_path):
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    ids = ("2", "5", "6", "7")  # as an outer CUDA_VISIBLE_DEVICES would name them
+    procs = [ctx.Process(target=_hold, args=(str(tmp_path), ids, 2, 1.5, q)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    got = [q.get(timeout=60) for _ in range(4)]
+    for p in procs:
+        p.join(30)
+    leases = [g[1] for g in got if g[1] != "released"]
+    assert len(leases) == 2
+    assert set(leases[0]).isdisjoint(leases[1])
+    assert set(leases[0]) | set(leases[1]) == set(ids)
+
+
+def test_a_request_waits_instead_of_oversubscribing(tmp_path):
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    ids = ("0", "1")
+    first = ctx.Process(target=_hold, args=(str(tmp_path), ids, 2, 2.0, q))
+    first.start()
+    pid1, lease1, _ = q.get(timeout=60)
+    second = ctx.Process(target=_hold, args=(str(tmp_path), ids, 1, 0.0, q))
+    second.start()
+    events = [q.get(timeout=60) for _ in range(3)]
+    first.join(30)
+    second.join(30)
+    released_at = next(t for pid, what, t in events if pid == pid1 and what == "released")
+    granted_at = next(t for pid, what, t in events if pid != pid1 and what != "released")
+    assert granted_at >= released_at  # the second got a device only once the first let go
+
+
+def test_lease_freed_when_holder_dies(tmp_path):
+    code = (
+        "import sys, os; from pytest_mgpu.devices import DeviceLeaser;"
+        f"l = DeviceLeaser(('0',), {str(tmp_path)!r}).acquire(1); print('held', flush=True); os._exit(0)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "held" in out.stdout
+    lease = DeviceLeaser(("0",), str(tmp_path)).acquire(1, timeout_s=2)
+    assert lease.ids == ("0",)
+    lease.release()
+
+
+def test_timeout_message_says_what_to_do(tmp_path):
+    a = DeviceLeaser(("0",), str(tmp_path)).acquire(1)
+    try:
+        with pytest.raises(TimeoutError, match="other pytest processes hold them.*-n"):
+            DeviceLeaser(("0",), str(tmp_path), poll_s=0.01).acquire(1, timeout_s=0.2)
+    finally:
+        a.release()
+    with pytest.raises(ValueError, match="asked for 3 devices, only 1 exist"):
+        DeviceLeaser(("0",), str(tmp_path)).acquire(3)
+
+
+def test_environment_report_command():
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest_mgpu"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    for word in ("torch", "CUDA devices", "NCCL", "gloo", "fingerprint"):
+        assert word in out.stdout

@@ -1,0 +1,111 @@
+"""Markers, world-size parametrization, selection with -m, and clear errors on bad marker use."""
+import pytest
+
+ALLREDUCE = """
+import pytest, torch, torch.distributed as tdist
+from pytest_mgpu import world_sizes
+
+def ranks():
+    return tdist.get_rank()
+
+@world_sizes(1, 2, 4)
+def test_sizes(dist):
+    assert dist.run(ranks) == list(range(dist.world_size))
+
+@pytest.mark.gpu2
+def test_two(dist):
+    assert dist.world_size == 2
+"""
+
+
+def test_markers_registered_under_strict_markers(pytester):
+    pytester.makepyfile(
+        """
+        import pytest
+        @pytest.mark.gpu1
+        @pytest.mark.gpu8
+        def test_a(): pass
+        @pytest.mark.gpu2
+        def test_b(): pass
+        @pytest.mark.gpu4
+        def test_c(): pass
+        """
+    )
+    result = pytester.runpytest("--strict-markers", "--collect-only", "-q")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*3 tests collected*"])
+    out = pytester.runpytest("--markers").stdout.str()
+    for n in (1, 2, 4, 8):
+        assert f"@pytest.mark.gpu{n}:" in out
+
+
+def test_minus_m_selects_one_world_size(pytester):
+    pytester.makepyfile(ALLREDUCE)
+    result = pytester.runpytest("-m", "gpu2", "--mgpu-fallback=cpu", "-v")
+    result.assert_outcomes(passed=2, deselected=2)
+    result.stdout.fnmatch_lines(["*test_sizes?gpu2? PASSED*", "*test_two PASSED*"])
+    assert "gpu4" not in "".join(line for line in result.outlines if "PASSED" in line)
+
+
+def test_world_sizes_variants_carry_ids_and_run(pytester):
+    pytester.makepyfile(ALLREDUCE)
+    result = pytester.runpytest("--mgpu-fallback=cpu", "-v", "-k", "test_sizes")
+    result.assert_outcomes(passed=3, deselected=1)
+    result.stdout.fnmatch_lines(
+        ["*test_sizes?gpu1?*PASSED*", "*test_sizes?gpu2?*PASSED*", "*test_sizes?gpu4?*PASSED*"]
+    )
+
+
+def test_conflicting_markers_error_names_both(pytester):
+    pytester.makepyfile(
+        """
+        import pytest
+        from pytest_mgpu import world_sizes
+        @pytest.mark.gpu2
+        @pytest.mark.gpu4
+        def test_conflict(dist): pass
+
+        @pytest.mark.gpu2
+        class TestClass:
+            @world_sizes(4)
+            def test_in_class(self, dist): pass
+        """
+    )
+    result = pytester.runpytest("--mgpu-fallback=cpu")
+    result.assert_outcomes(errors=2)
+    result.stdout.fnmatch_lines(["*conflicting markers gpu2, gpu4*one world size*"])
+    assert "Traceback" not in result.stdout.str()
+
+
+def test_dist_without_marker_is_a_clear_error(pytester):
+    pytester.makepyfile("def test_x(dist): pass")
+    result = pytester.runpytest("--mgpu-fallback=cpu")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*uses the `dist` fixture but has no gpuN marker*gpu2*world_sizes*"])
+
+
+def test_unknown_world_size_is_a_clear_collection_error(pytester):
+    pytester.makepyfile(
+        """
+        from pytest_mgpu import world_sizes
+        @world_sizes(3)
+        def test_x(dist): pass
+        """
+    )
+    result = pytester.runpytest()
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*world size 3 has no marker*1, 2, 4, 8*"])
+
+
+@pytest.mark.parametrize("sizes", ["", "2, 2"])
+def test_world_sizes_rejects_empty_and_repeats(pytester, sizes):
+    pytester.makepyfile(
+        f"""
+        from pytest_mgpu import world_sizes
+        @world_sizes({sizes})
+        def test_x(dist): pass
+        """
+    )
+    result = pytester.runpytest()
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*world_sizes*"])
