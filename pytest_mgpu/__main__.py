@@ -1,4 +1,5 @@
-"""``python -m pytest_mgpu``: what this machine offers for distributed tests."""
+"""``python -m pytest_mgpu``: what this machine offers for distributed tests, its hardware
+fingerprints, and whether a timing baseline exists for them."""
 import argparse
 import json
 from dataclasses import asdict
@@ -9,8 +10,10 @@ from .environment import environment_report
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pytest_mgpu", description=__doc__)
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    ap.add_argument("--baselines", metavar="DIR", default="baselines",
+                    help="timing baselines directory to look for this machine's files in (default: ./baselines)")
     args = ap.parse_args(argv)
-    report = environment_report()
+    report = environment_report(args.baselines)
     print(json.dumps(asdict(report), indent=2) if args.json else report.format())
     return 0
 

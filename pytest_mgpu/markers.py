@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Iterable, List, Optional
 
-WORLD_SIZES = (1, 2, 4, 8)
+WORLD_SIZES = (1, 2, 4, 8, 16)
 MARKERS = {f"gpu{n}": n for n in WORLD_SIZES}
 
 
@@ -11,11 +11,14 @@ class MarkerError(ValueError):
     """The gpuN markers on a test do not say one clear world size."""
 
 
+ISOLATE = "mgpu_isolate"
+
+
 def marker_help() -> List[str]:
     return [
         f"gpu{n}: the test needs {n} device(s); runs on {n} rank(s) through the `dist` fixture"
         for n in WORLD_SIZES
-    ]
+    ] + [f"{ISOLATE}: give this test fresh rank processes instead of warm (reused) ones"]
 
 
 def _mark(n: int):
@@ -24,7 +27,7 @@ def _mark(n: int):
     if n not in MARKERS.values():
         raise MarkerError(
             f"world size {n!r} has no marker: pytest-mgpu knows {', '.join(map(str, WORLD_SIZES))} "
-            "(markers gpu1, gpu2, gpu4, gpu8)"
+            f"(markers {', '.join('gpu%d' % n for n in WORLD_SIZES)})"
         )
     return getattr(pytest.mark, f"gpu{n}")
 

@@ -30,6 +30,8 @@ class MgpuSession:
     # False on every rank but 0 when pytest itself runs inside ranks started by torchrun/srun:
     # only the primary process prints reports and writes report files and baselines.
     is_primary: bool = True
+    # The job this process is a rank of, when torchrun/srun started pytest (launch/external.py).
+    external: object = None
 
     @property
     def hardware(self) -> Hardware:
@@ -39,17 +41,31 @@ class MgpuSession:
 
     @property
     def launcher(self):
+        if self._launcher is None and self.external is not None:
+            from .launch.external import ExternalLauncher
+
+            self._launcher = ExternalLauncher(self.external)
         if self._launcher is None:
+            from .launch.pool import PoolLauncher
             from .launch.spawn import SpawnLauncher
 
-            self._launcher = SpawnLauncher()
+            self._launcher = SpawnLauncher() if self.settings.isolate else PoolLauncher()
         return self._launcher
 
+    def launcher_for(self, isolate: bool):
+        """The launcher for one test: warm ranks, or fresh processes when the test asks for them."""
+        launcher = self.launcher
+        if isolate and hasattr(launcher, "fresh"):
+            return launcher.fresh
+        return launcher
+
     def plan(self, world_size: int) -> DevicePlan:
+        if self.external is not None:
+            return self.external.plan(world_size, self.settings.fallback)
         return plan_for(world_size, self.hardware, self.settings.fallback, self.settings.max_cpu_ranks)
 
     def lease(self, plan: DevicePlan, timeout_s: float) -> Optional[DeviceLease]:
-        if plan.device_type != "cuda":
+        if plan.device_type != "cuda" or self.external is not None:  # external: GPU LOCAL_RANK
             return None
         if self._leaser is None:
             self._leaser = DeviceLeaser(self.hardware.cuda_ids)

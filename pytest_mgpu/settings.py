@@ -21,6 +21,7 @@ class Settings:
     timeout_s: float = DEFAULT_TIMEOUT_S
     seed: int = 0
     max_cpu_ranks: int = 8
+    isolate: bool = False  # fresh rank processes for every call instead of warm ones
 
 
 def resolve(option: Callable[[str], object], ini: Callable[[str], object]) -> Settings:
@@ -54,4 +55,6 @@ def resolve(option: Callable[[str], object], ini: Callable[[str], object]) -> Se
         max_cpu = int(raw_max) if raw_max is not None else 8
     except ValueError as exc:
         raise SettingsError(f"--mgpu-seed and --mgpu-max-cpu-ranks take integers: {exc}") from None
-    return Settings(fallback=fallback, timeout_s=timeout, seed=seed, max_cpu_ranks=max_cpu)
+    isolate = str(pick("mgpu_isolate", "mgpu_isolate", "PYTEST_MGPU_ISOLATE") or "").strip().lower()
+    return Settings(fallback=fallback, timeout_s=timeout, seed=seed, max_cpu_ranks=max_cpu,
+                    isolate=isolate in ("1", "true", "yes", "on"))

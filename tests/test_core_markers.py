@@ -94,7 +94,7 @@ def test_unknown_world_size_is_a_clear_collection_error(pytester):
     )
     result = pytester.runpytest()
     assert result.ret != 0
-    result.stdout.fnmatch_lines(["*world size 3 has no marker*1, 2, 4, 8*"])
+    result.stdout.fnmatch_lines(["*world size 3 has no marker*1, 2, 4, 8, 16*"])
 
 
 @pytest.mark.parametrize("sizes", ["", "2, 2"])

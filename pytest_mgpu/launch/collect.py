@@ -18,6 +18,7 @@ from .errors import RankFailure, RankProblem, describe_exit
 from .protocol import RankOutcome
 
 FAILURE_GRACE_S = 3.0  # after a first failure, how long the other ranks get to report their own
+START_LIMIT_S = 120.0  # how long ranks may take to start and join the group, on top of the call's limit
 STACK_WAIT_S = 2.0  # how long a hung rank gets to print its stack
 
 _STACK_START = re.compile(r"^(Current thread|Thread) 0x", re.M)
@@ -25,7 +26,9 @@ _BOOTSTRAP = (
     os.sep + "pytest_mgpu" + os.sep + "launch" + os.sep,
     os.sep + "multiprocessing" + os.sep,
     '"<string>"',
+    os.sep + "threading.py",
 )
+_MAIN_BOTTOM = '"<string>", line 1 in <module>'  # the forkserver child's first frame
 
 
 @dataclass
@@ -53,17 +56,34 @@ def kill_tree(pid: int) -> None:
             pass
 
 
-def collect(procs, conns, log_paths: Sequence[str], deadline: float, timeout_s: float) -> Collected:
+def collect(procs, conns, log_paths: Sequence[str], timeout_s: float, *, started: bool = False,
+            until_ready: bool = False) -> Collected:
     """Wait until every rank has sent an outcome, or one failed (plus a grace period for the
-    others to report), or the deadline passed; ask the ranks still running for their stacks."""
+    others to report), or time ran out; ask the ranks still running for their stacks.
+
+    Ranks first say they are ready (joined the group); the call's ``timeout_s`` counts from the
+    moment all are, so a slow start on a loaded machine is not charged to the test. ``started``:
+    they already are (warm ranks). ``until_ready``: stop once all are (starting a warm pool).
+    """
     got = Collected()
     first_failure: Optional[float] = None
     pending = set(range(len(procs)))
+    unready = set() if started else set(pending)
+    t0 = time.perf_counter()
+    deadline = t0 + (timeout_s if started else START_LIMIT_S + timeout_s)
+    phase_limit = t0 + timeout_s if started else t0 + max(START_LIMIT_S, timeout_s)
     by_conn = {id(c): r for r, c in enumerate(conns)}
     by_sentinel = {p.sentinel: r for r, p in enumerate(procs)}
 
     def accept(r: int, outcome: RankOutcome) -> None:
-        nonlocal first_failure
+        nonlocal deadline, phase_limit
+        if outcome.ready:
+            unready.discard(r)
+            if not unready:
+                phase_limit = deadline = time.perf_counter() + timeout_s
+                if until_ready:
+                    pending.clear()
+            return
         pending.discard(r)
         if outcome.ok:
             got.outcomes[r] = outcome
@@ -80,7 +100,7 @@ def collect(procs, conns, log_paths: Sequence[str], deadline: float, timeout_s: 
 
     while pending:
         now = time.perf_counter()
-        limit = deadline if first_failure is None else min(deadline, first_failure + FAILURE_GRACE_S)
+        limit = phase_limit if first_failure is None else min(phase_limit, first_failure + FAILURE_GRACE_S)
         if now >= limit:
             break
         waitables = [conns[r] for r in pending] + [procs[r].sentinel for r in pending]
@@ -88,17 +108,22 @@ def collect(procs, conns, log_paths: Sequence[str], deadline: float, timeout_s: 
         # Results first: a rank that sent its outcome and then exited has not died.
         for obj in ready:
             r = by_conn.get(id(obj))
-            if r is not None and r in pending:
+            while r is not None and r in pending and obj.poll():
                 outcome = recv(obj)
-                if outcome is not None:
-                    accept(r, outcome)
+                if outcome is None:
+                    break
+                accept(r, outcome)
         for obj in ready:
             r = by_sentinel.get(obj)
             if r is None or r not in pending:
                 continue
-            outcome = recv(conns[r]) if conns[r].poll() else None
-            if outcome is not None:
+            outcome = None
+            while r in pending and conns[r].poll():
+                outcome = recv(conns[r])
+                if outcome is None:
+                    break
                 accept(r, outcome)
+            if r not in pending:
                 continue
             procs[r].join(1.0)
             tail = _tail(read(log_paths[r]))
@@ -107,7 +132,11 @@ def collect(procs, conns, log_paths: Sequence[str], deadline: float, timeout_s: 
         timed_out = first_failure is None
         stacks, got.cuts = _stacks(procs, sorted(pending), log_paths)
         for r in sorted(pending):
-            if timed_out:
+            if timed_out and r in unready:
+                summary = (f"did not start: it had not joined the process group after "
+                           f"{max(START_LIMIT_S, timeout_s):g}s; its Python stack:")
+                got.problems.append(RankProblem(r, "hung", summary, stacks.get(r, "(no stack)")))
+            elif timed_out:
                 summary = f"did not finish within {timeout_s:g}s (hung); its Python stack:"
                 got.problems.append(RankProblem(r, "hung", summary, stacks.get(r, "(no stack)")))
             else:
@@ -137,8 +166,8 @@ def _stacks(procs, ranks, log_paths):
                 continue
             text = read(log_paths[r])[sizes[r]:]
             m = _STACK_START.search(text)
-            # faulthandler writes the dump in one go: take it once it stops growing
-            if m and seen.get(r) == len(text):
+            # the dump is complete once the main thread's bottom frame is out and it stops growing
+            if m and _MAIN_BOTTOM in text and seen.get(r) == len(text):
                 got[r] = _user_stack(text[m.start():])
             seen[r] = len(text)
         if len(got) < len(ranks):
@@ -152,9 +181,15 @@ def _stacks(procs, ranks, log_paths):
 
 
 def _user_stack(dump: str) -> str:
-    """A faulthandler dump without the frames of the launcher and multiprocessing below the user's."""
-    keep = [ln for ln in dump.strip().splitlines() if not any(b in ln for b in _BOOTSTRAP)]
-    return "\n".join(keep)
+    """A faulthandler dump without the frames of the launcher, multiprocessing and threading, and
+    without the threads that are only ours (the launcher watch)."""
+    kept = []
+    for block in re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump.strip()):
+        head, *frames = block.strip().splitlines()
+        frames = [ln for ln in frames if ln.strip() and not any(b in ln for b in _BOOTSTRAP)]
+        if frames:
+            kept.append("\n".join([head] + frames))
+    return "\n\n".join(kept) or dump.strip()
 
 
 def recv(conn) -> Optional[RankOutcome]:

@@ -140,3 +140,5 @@ class RankOutcome:
     phase: str = "run"  # "init" (joining the group), "run" (user code), "return" (sending the value)
     run_s: float = 0.0
     init_s: float = 0.0
+    ready: bool = False  # "joined the group, starting the call": the call's time limit starts now
+    dirty: bool = False  # (warm ranks) the call changed the process groups: rejoin before the next

@@ -14,6 +14,7 @@ import sys
 import time
 import traceback
 from datetime import timedelta
+from typing import Optional
 
 from .._context import RankContext, set_rank_context
 from .protocol import RankOutcome, RankTask
@@ -140,10 +141,9 @@ def _to_cpu(value):
     return tree_map_only(torch.Tensor, lambda t: t.detach().cpu(), value)
 
 
-def init_rank(task: RankTask) -> None:
-    """Environment, threads, seed, device and the default process group for one rank."""
+def prepare_rank(task: RankTask) -> None:
+    """Environment, threads, seed, device and the RankContext: what every call starts from."""
     import torch
-    import torch.distributed as dist
 
     os.environ.update(task.env)
     os.environ.update(
@@ -158,20 +158,6 @@ def init_rank(task: RankTask) -> None:
     seed_everything(task.seed + (task.rank if task.per_rank_seed else 0))
     if task.device_type == "cuda":
         torch.cuda.set_device(task.device_index)
-    store = dist.TCPStore(
-        task.store_host,
-        task.store_port,
-        is_master=False,
-        timeout=timedelta(seconds=task.pg_timeout_s),
-        wait_for_workers=False,
-    )
-    dist.init_process_group(
-        task.backend,
-        store=dist.PrefixStore(task.store_prefix, store),
-        rank=task.rank,
-        world_size=task.world_size,
-        timeout=timedelta(seconds=task.pg_timeout_s),
-    )
     set_rank_context(
         RankContext(
             rank=task.rank,
@@ -185,6 +171,33 @@ def init_rank(task: RankTask) -> None:
             devices=task.devices,
         )
     )
+
+
+def join_group(task: RankTask, store=None, prefix: Optional[str] = None):
+    """Init the default process group through the test process's TCPStore; returns the store."""
+    import torch.distributed as dist
+
+    if store is None:
+        store = dist.TCPStore(
+            task.store_host,
+            task.store_port,
+            is_master=False,
+            timeout=timedelta(seconds=task.pg_timeout_s),
+            wait_for_workers=False,
+        )
+    dist.init_process_group(
+        task.backend,
+        store=dist.PrefixStore(prefix or task.store_prefix, store),
+        rank=task.rank,
+        world_size=task.world_size,
+        timeout=timedelta(seconds=task.pg_timeout_s),
+    )
+    return store
+
+
+def init_rank(task: RankTask):
+    prepare_rank(task)
+    return join_group(task)
 
 
 def run_call(task: RankTask) -> RankOutcome:
@@ -234,6 +247,7 @@ def rank_main(task: RankTask, conn) -> None:
         sys.stdout.flush()
         os._exit(3)
     init_s = time.perf_counter() - t0
+    send_outcome(conn, RankOutcome(rank=task.rank, ok=True, ready=True, init_s=init_s))
     outcome = run_call(task)
     outcome.init_s = init_s
     send_outcome(conn, outcome)

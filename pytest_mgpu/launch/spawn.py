@@ -137,7 +137,7 @@ class SpawnLauncher:
                 self._live[p.pid] = p
                 procs.append(p)
                 conns.append(recv)
-            got = collect(procs, conns, log_paths, t0 + spec.timeout_s, spec.timeout_s)
+            got = collect(procs, conns, log_paths, spec.timeout_s)
             got.raise_if_failed(spec.describe(), log_paths)
             return LaunchResult.of(got, log_paths, t0)
         finally:

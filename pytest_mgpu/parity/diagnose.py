@@ -32,7 +32,7 @@ def _e(x: float) -> str:
 
 
 def summary_table(report: "ParityReport") -> str:
-    """One row per step: the worst relative error of each kind (max abs err / max |reference|)."""
+    """One row per step: the worst norm-wise relative error of each kind (what is judged)."""
     kinds = [k for k in KINDS if any(e.kind == k for r in report.records for e in r.errors)]
     rows = []
     bad_steps = {s for s, _, _ in report.failures()}
@@ -40,7 +40,7 @@ def summary_table(report: "ParityReport") -> str:
         row = [rec.step]
         for k in kinds:
             errs = [e for e in rec.errors if e.kind == k]
-            row.append(_e(max(e.max_rel for e in errs)) if errs else "-")
+            row.append(_e(max(e.rel for e in errs)) if errs else "-")
         row.append("DIVERGED" if rec.step in bad_steps else "ok")
         rows.append(row)
     return tabulate(rows, headers=["step"] + [f"{k} rel err" for k in kinds] + [""], tablefmt="simple")
@@ -52,17 +52,18 @@ def divergence_table(report: "ParityReport") -> str:
     if not failures:
         return ""
     first = failures[0][0]
-    rows = [(e, allowed) for s, e, allowed in failures if s == first]
-    rows.sort(key=lambda r: (r[0].max_abs / r[1]) if r[1] > 0 else math.inf, reverse=True)
+    rows = [(e, bound) for s, e, bound in failures if s == first]
+    rows.sort(key=lambda r: (r[0].norm_err / r[1]) if r[1] > 0 else math.inf, reverse=True)
     table = []
-    for e, allowed in rows[:WORST_ROWS]:
+    for e, bound in rows[:WORST_ROWS]:
         name = e.name + (f" (missing in {e.missing})" if e.missing else "")
+        tol = bound / e.norm_ref if e.norm_ref > 0 else bound
         table.append([first, e.kind, name, "x".join(map(str, e.shape)) or "scalar", _e(e.max_abs),
-                      _e(e.max_rel), _e(allowed)])
+                      _e(e.max_rel), _e(e.rel), _e(tol)])
     more = f"\n... and {len(rows) - WORST_ROWS} more tensor(s) over tolerance at step {first}" \
         if len(rows) > WORST_ROWS else ""
     return tabulate(table, headers=["step", "kind", "name", "shape", "max abs err", "max rel err",
-                                    "tolerance"], tablefmt="simple") + more
+                                    "norm rel err", "tolerance"], tablefmt="simple") + more
 
 
 def _grad_scale(errors: List[TensorError]) -> float:
@@ -155,7 +156,10 @@ def failure_message(report: "ParityReport") -> str:
         "",
         divergence_table(report),
         "",
-        "per step, worst relative error (max abs err / max |reference|):",
+        "max rel err = max |strategy - reference| / max |reference|; norm rel err = ||strategy - "
+        "reference|| / ||reference||, judged against the tolerance",
+        "",
+        "per step, worst norm rel err:",
         summary_table(report),
         "",
         "likely causes:",

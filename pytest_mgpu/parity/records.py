@@ -86,6 +86,16 @@ class TensorError:
     scale: float  # max |reference|: what the error is relative to
     norm_ratio: float = 1.0  # ||strategy|| / ||reference||: a constant != 1 means a scaling bug
     missing: str = ""  # "strategy" / "reference": the tensor (or its grad) exists on one side only
+    norm_err: float = 0.0  # ||strategy - reference||_2
+    norm_ref: float = 0.0  # ||reference||_2
+    numel: int = 0
+
+    @property
+    def rel(self) -> float:
+        """Norm-wise relative error ||strategy - reference|| / ||reference||: what is judged."""
+        if self.norm_err == 0.0:
+            return 0.0 if self.max_abs == 0.0 else (self.max_abs / self.scale if self.scale > 0 else math.inf)
+        return self.norm_err / self.norm_ref if self.norm_ref > 0 else math.inf
 
     @property
     def max_rel(self) -> float:

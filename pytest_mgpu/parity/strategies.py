@@ -32,10 +32,10 @@ STRATEGIES: Dict[str, Strategy] = {
                 "sync_bn": False,
                 "accumulate": 1,
                 "find_unused_parameters": False,
-                "broadcast_buffers": True,
                 "gradient_as_bucket_view": False,
                 "static_graph": False,
                 "bucket_cap_mb": None,
+                "ddp_kwargs": None,  # any other DistributedDataParallel keyword arguments
             },
             "DistributedDataParallel, batch sharded as DistributedSampler(shuffle=False) does",
         ),
@@ -187,11 +187,13 @@ def shard_indices(batch: int, world_size: int, rank: int) -> List[int]:
 
 
 def split_micro(tree, n: int) -> list:
-    """``n`` consecutive chunks along dim 0 (torch.tensor_split: sizes differ by at most one)."""
+    """``n`` consecutive chunks along dim 0, sized as torch.tensor_split sizes them (the way
+    torch.distributed.pipelining splits micro-batches)."""
     torch = _torch()
-    b = batch_len(tree)
-    bounds = torch.linspace(0, b, n + 1).round().long().tolist() if n > 1 else [0, b]
-    return [tree_index(tree, slice(bounds[i], bounds[i + 1])) for i in range(len(bounds) - 1)]
+    if n <= 1:
+        return [tree]
+    parts = torch.arange(batch_len(tree)).tensor_split(n)
+    return [tree_index(tree, slice(int(p[0]), int(p[-1]) + 1)) for p in parts if len(p)]
 
 
 class Runner:
@@ -229,10 +231,11 @@ class Runner:
 
 
 def _mean_over_ranks(value, world_size):
-    """All-reduce a 0-d loss to its mean over ranks (gloo has no ReduceOp.AVG)."""
+    """All-reduce a 0-d loss to its mean over ranks (gloo has no ReduceOp.AVG); in float64, so that
+    the reduction adds no roundoff of its own to an fp64 loss."""
     import torch.distributed as dist
 
-    t = value.detach().clone().reshape(1).float()
+    t = value.detach().clone().reshape(1).double()
     dist.all_reduce(t)
     return t / world_size
 
@@ -258,10 +261,10 @@ class DDPRunner(_ShardedRunner):
         if opts["sync_bn"]:
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
         model.to(dev)
-        kwargs = {k: opts[k] for k in ("find_unused_parameters", "broadcast_buffers",
-                                       "gradient_as_bucket_view", "static_graph")}
+        kwargs = {k: opts[k] for k in ("find_unused_parameters", "gradient_as_bucket_view", "static_graph")}
         if opts["bucket_cap_mb"] is not None:
             kwargs["bucket_cap_mb"] = opts["bucket_cap_mb"]
+        kwargs.update(opts["ddp_kwargs"] or {})
         self.ddp = DistributedDataParallel(model, device_ids=[dev] if dev.type == "cuda" else None, **kwargs)
         self.module = self.ddp.module
         self.optimizer = optimizer_fn(self.ddp.parameters())
@@ -555,8 +558,9 @@ class DistributedPipelineRunner(Runner):
         losses: list = []
         kwargs = {"target": tree_to(targets, self.device), "losses": losses} if last else {}
         self.schedule.step(*(args if first else ()), **kwargs)
-        loss = torch.stack([l.detach().float() for l in losses]).mean().reshape(1) if last else \
-            torch.zeros(1, device=self.device)
+        # float64 on every rank: the others do not know the loss's dtype, and fp64 adds no roundoff
+        loss = torch.stack([l.detach().double() for l in losses]).mean().reshape(1) if last else \
+            torch.zeros(1, dtype=torch.float64, device=self.device)
         dist.broadcast(loss, src=self.world_size - 1)
         return loss, None
 

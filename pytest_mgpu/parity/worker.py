@@ -12,6 +12,7 @@ On a GPU it costs the reference model's memory on rank 0's device.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from typing import Dict, List, Optional
@@ -20,14 +21,28 @@ from .records import ParityJob, RankResult, RunFacts, StepRecord, TensorError
 from .strategies import STRATEGIES, call_model, exactness, make_runner, tree_to
 
 
-def _deterministic() -> None:
-    """Bitwise mode: deterministic kernels (cuBLAS needs its workspace config before first use)."""
+@contextlib.contextmanager
+def _deterministic(on: bool):
+    """Bitwise mode: deterministic kernels (cuBLAS needs its workspace config before first use);
+    warn_only, because the bitwise comparison is the arbiter, and some ops flagged as
+    non-deterministic (AdaptiveAvgPool2d's CUDA backward) are deterministic for the shapes of common
+    models. The flags are put back afterwards: a warm rank runs other calls after this one."""
     import torch
 
+    if not on:
+        yield
+        return
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True)
+    torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[2], saved[3]
 
 
 def build_model(model_fn, seed: int):
@@ -110,9 +125,12 @@ def tensor_error(kind: str, name: str, got, ref) -> TensorError:
     diff = torch.where(same, torch.zeros_like(ref), (got - ref).abs()).nan_to_num(nan=math.inf)
     max_abs = float(diff.max().item())
     scale = float(ref.abs().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).max().item())
-    rn, gn = ref.double().norm().item(), got.double().norm().item()
+    rd = ref.double()
+    rn, gn = rd.norm().item(), got.double().norm().item()
     ratio = gn / rn if rn > 0 else (1.0 if gn == 0 else math.inf)
-    return TensorError(kind, name, shape, max_abs, scale, ratio, missing)
+    norm_err = diff.double().norm().item()
+    return TensorError(kind, name, shape, max_abs, scale, ratio, missing, norm_err=norm_err,
+                       norm_ref=rn if math.isfinite(rn) else 0.0, numel=ref.numel())
 
 
 def compare(kind: str, got: Dict, ref: Dict, skip_int: bool = True) -> List[TensorError]:
@@ -129,13 +147,16 @@ def compare(kind: str, got: Dict, ref: Dict, skip_int: bool = True) -> List[Tens
 
 def run_parity(job: ParityJob) -> Optional[RankResult]:
     """Runs in every rank (or in the one process of a single-process strategy)."""
+    with _deterministic(job.deterministic):
+        return _run(job)
+
+
+def _run(job: ParityJob) -> Optional[RankResult]:
     import torch
 
     from .._context import rank_context
 
     ctx = rank_context()
-    if job.deterministic:
-        _deterministic()
     model_fn, batch_fn = job.model_fn.load(), job.batch_fn.load()
     loss_fn, optimizer_fn = job.loss_fn.load(), job.optimizer_fn.load()
     spec = STRATEGIES[job.strategy]

@@ -14,8 +14,14 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Optional, Sequence
 
+from .measure import fmt_time
+
 ALPHA = 0.01  # significance level of the one-sided test
 DEFAULT_THRESHOLD = 0.10  # effect size: the median must be this much slower (10%)
+
+class TimingRegressionWarning(UserWarning):
+    """A measurement is significantly slower than its baseline, in a run where that only warns."""
+
 
 # verdict statuses
 NEW = "new"  # no baseline for this fingerprint: recorded, never a failure
@@ -125,7 +131,7 @@ class Verdict:
     def format(self) -> str:
         """One paragraph that says what was compared and what to do."""
         if self.status == NEW:
-            return (f"no baseline for this measurement (median {self.new_median:.4g} s): recorded; "
+            return (f"no baseline for this measurement (median {fmt_time(self.new_median)}): recorded; "
                     "save it with --mgpu-save-baselines")
         head = {
             SLOWER: "is slower than its baseline",
@@ -134,9 +140,9 @@ class Verdict:
             UNDECIDABLE: "cannot be judged against its baseline",
         }[self.status]
         text = (
-            f"{head}: median {self.new_median:.4g} s vs baseline {self.baseline_median:.4g} s "
+            f"{head}: median {fmt_time(self.new_median)} vs baseline {fmt_time(self.baseline_median)} "
             f"(x{self.ratio:.3f}, {self.delta * 100:+.1f}%; threshold {self.threshold * 100:+.0f}%), "
-            f"Mann-Whitney p={self.p_value:.2g} (confidence {self.confidence * 100:.1f}%, "
+            f"Mann-Whitney p={self.p_value:.2g} (confidence {_percent(self.confidence)}, "
             f"alpha {self.alpha:g}), n={self.n_new} vs {self.n_baseline}"
         )
         if self.baseline_source:
@@ -157,6 +163,13 @@ class Verdict:
     @classmethod
     def from_dict(cls, d: dict) -> "Verdict":
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+def _percent(confidence: float) -> str:
+    """99.2%, 99.97%, >99.99%: enough digits to tell confidences apart near 100%."""
+    if confidence >= 0.9999:
+        return ">99.99%"
+    return f"{confidence * 100:.2f}%" if confidence >= 0.99 else f"{confidence * 100:.1f}%"
 
 
 def judge(

@@ -176,6 +176,8 @@ class Measurement:
             "mem_source": self.mem_source,
             "median_s": self.median,
             "iqr_s": self.iqr,
+            "q1_s": _quartiles(self.samples)[0],
+            "q3_s": _quartiles(self.samples)[1],
             "throughput": self.throughput,
             "rank_medians_s": self.rank_medians,
             "slowest_rank": self.slowest_rank,
@@ -197,25 +199,56 @@ class LoopConfig:
     min_run_time: float
 
 
-def _proc_status(field_name: str) -> Optional[int]:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field_name + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+class _HeapPeak:
+    """Peak bytes in use on the C heap (glibc ``mallinfo2``) while a step runs, sampled by a thread.
 
+    CPU tensors come from malloc, and torch keeps no CPU allocator statistics; RSS is no substitute
+    (freed memory stays resident in malloc's arenas, so a peak RSS mostly says how much was ever
+    used). Sampling every millisecond misses only allocations shorter than that.
+    """
 
-def _reset_rss_peak() -> bool:
-    """Linux: writing 5 to clear_refs resets VmHWM, so the peak covers the timed iterations only."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
+    def __init__(self):
+        import ctypes
+
+        class _Info(ctypes.Structure):
+            _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                                        "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+        try:
+            fn = ctypes.CDLL(None).mallinfo2
+        except (OSError, AttributeError):
+            self._fn = None
+            return
+        fn.restype = _Info
+        self._fn = fn
+
+    @property
+    def available(self) -> bool:
+        return self._fn is not None
+
+    def in_use(self) -> int:
+        info = self._fn()
+        return int(info.uordblks + info.hblkhd)
+
+    def during(self, step: Callable[[], Any], interval_s: float = 0.001) -> int:
+        import threading
+
+        peak = [self.in_use()]
+        done = threading.Event()
+
+        def sample():
+            while not done.is_set():
+                peak[0] = max(peak[0], self.in_use())
+                done.wait(interval_s)
+
+        t = threading.Thread(target=sample, name="mgpu-heap-sampler", daemon=True)
+        t.start()
+        try:
+            step()
+        finally:
+            done.set()
+            t.join()
+        return max(peak[0], self.in_use())
 
 
 class _Clock:
@@ -278,7 +311,8 @@ def rank_loop(fn_ref: FnRef, args: tuple, kwargs: dict, loop: LoopConfig) -> Ran
 
     ctx = rank_context()
     fn = fn_ref.resolve()
-    rss_before = _proc_status("VmRSS")
+    heap = _HeapPeak() if ctx.device_type != "cuda" else None
+    heap_before = heap.in_use() if heap is not None and heap.available else None
     made = fn(*args, **kwargs)
     step = made if callable(made) else functools.partial(fn, *args, **kwargs)
     clock = _Clock(ctx)
@@ -307,8 +341,6 @@ def rank_loop(fn_ref: FnRef, args: tuple, kwargs: dict, loop: LoopConfig) -> Ran
     if ctx.device_type == "cuda":
         for i in clock.cuda:
             torch.cuda.reset_peak_memory_stats(i)
-    else:
-        _reset_rss_peak()
     if repeat is None:  # no warmup to estimate from: the first timed iteration decides
         samples.append(clock.time(step))
         repeat = _calibrated_repeat(clock.agree_max(samples[0]), loop.min_run_time)
@@ -318,10 +350,13 @@ def rank_loop(fn_ref: FnRef, args: tuple, kwargs: dict, loop: LoopConfig) -> Ran
     if ctx.device_type == "cuda":
         peak = sum(torch.cuda.max_memory_allocated(i) for i in clock.cuda)
         source = "cuda max_memory_allocated"
+    elif heap_before is not None:
+        # one more, untimed iteration under the sampler: a sampling thread would disturb the timing
+        clock.align()
+        peak = max(0, heap.during(step) - heap_before)
+        source = "peak C heap in use above the rank's start (one extra iteration)"
     else:
-        hwm = _proc_status("VmHWM")
-        peak = None if hwm is None or rss_before is None else max(0, hwm - rss_before)
-        source = "peak RSS above the rank's RSS before setup"
+        peak, source = None, "not measured (no mallinfo2 on this platform)"
     devices = [f"cuda:{i}" for i in clock.cuda] or ["cpu"]
     return RankTiming(ctx.rank, samples, warm, devices, peak, source, torch.get_num_threads())
 

@@ -1,0 +1,154 @@
+"""Warm ranks reused across tests: a test pays for its own work, not for starting processes.
+
+One pool per group shape (world size, backend, devices). Its ranks fork from the torch-preloaded
+forkserver, join the group once, then run call after call (``worker.py`` puts back the state a fresh
+rank has before each). Any failure, hang or death tears that pool down; the next test builds a new
+one. Under pytest-xdist with GPUs, pools are not kept between tests: an idle rank would hold a CUDA
+context on devices leased to another worker.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+from .collect import collect, kill_tree
+from .protocol import FnRef
+from .rendezvous import StoreServer
+from .spawn import JOIN_S, LaunchResult, LaunchSpec, SpawnLauncher, _threads_per_rank, forkserver_context, make_task
+from .worker import PoolCall
+
+Key = Tuple[int, str, str, Tuple[str, ...], bool]
+
+
+@dataclass
+class _Pool:
+    key: Key
+    procs: list
+    conns: list
+    logdir: str
+    calls: int = 0
+    rejoin: bool = False
+    pids: List[int] = field(default_factory=list)
+
+
+class PoolLauncher:
+    """Runs calls on warm ranks; same interface as ``SpawnLauncher``."""
+
+    def __init__(self, store: Optional[StoreServer] = None, max_ranks: int = 16,
+                 recycle_after: int = 1000):
+        self._store = store or StoreServer()
+        self._ctx = forkserver_context()
+        self._pools: "OrderedDict[Key, _Pool]" = OrderedDict()
+        self._fresh = SpawnLauncher(self._store)
+        self.max_ranks = max_ranks
+        self.recycle_after = recycle_after  # calls before a pool is replaced, to bound slow leaks
+        self.started = 0  # pools started, for the tests and benchmarks
+
+    @staticmethod
+    def key(spec: LaunchSpec) -> Key:
+        return (spec.nprocs, spec.backend, spec.device_type, tuple(spec.device_ids), spec.emulated)
+
+    def run(self, spec: LaunchSpec, fn: FnRef, payload: bytes) -> LaunchResult:
+        if spec.device_type == "cuda" and os.environ.get("PYTEST_XDIST_WORKER"):
+            return self._fresh.run(spec, fn, payload)
+        t0 = time.perf_counter()
+        key = self.key(spec)
+        pool = self._pools.get(key)
+        if pool is not None and pool.calls >= self.recycle_after:
+            self._discard(key)
+            pool = None
+        if pool is None:
+            pool = self._start(spec, key)
+            t0 = time.perf_counter()  # starting the pool is not the call's work, nor its overhead
+        self._pools.move_to_end(key)
+        n = pool.calls
+        pool.calls += 1
+        log_paths = [os.path.join(pool.logdir, f"call{n}-rank{r}.log") for r in range(spec.nprocs)]
+        rejoin = self._store.new_rendezvous().prefix if pool.rejoin else None
+        try:
+            for r, conn in enumerate(pool.conns):
+                call = PoolCall(
+                    fn=fn, payload=payload, seed=spec.seed, per_rank_seed=spec.per_rank_seed,
+                    threads=_threads_per_rank(spec.nprocs), log_path=log_paths[r], env=dict(spec.env),
+                    sys_path=list(sys.path), rejoin_prefix=rejoin,
+                )
+                try:
+                    conn.send_bytes(pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL))
+                except OSError:
+                    pass  # the rank is gone: collect() reports how it died
+            got = collect(pool.procs, pool.conns, log_paths, spec.timeout_s, started=True)
+            if got.problems:
+                self._discard(key)
+                got.raise_if_failed(spec.describe(), log_paths)
+            pool.rejoin = any(o.dirty for o in got.outcomes.values())
+            return LaunchResult.of(got, log_paths, t0)
+        except BaseException:
+            self._discard(key)  # Ctrl-C, pytest-timeout, or a failure: never reuse a pool in doubt
+            raise
+        finally:
+            for path in log_paths:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+
+    @property
+    def fresh(self) -> SpawnLauncher:
+        """Fresh processes per call, sharing this pool's store (``--mgpu-isolate``, marker)."""
+        return self._fresh
+
+    def close(self) -> None:
+        for key in list(self._pools):
+            self._discard(key)
+        self._fresh.close()
+
+    def rank_pids(self) -> List[int]:
+        return [pid for pool in self._pools.values() for pid in pool.pids]
+
+    # -- internals ----------------------------------------------------------------------------
+    def _start(self, spec: LaunchSpec, key: Key) -> _Pool:
+        while self._pools and sum(k[0] for k in self._pools) + spec.nprocs > self.max_ranks:
+            self._discard(next(iter(self._pools)))  # the least recently used pool makes room
+        logdir = tempfile.mkdtemp(prefix="pytest-mgpu-pool-")
+        log_paths = [os.path.join(logdir, f"rank{r}.log") for r in range(spec.nprocs)]
+        pool = _Pool(key, [], [], logdir)
+        self._pools[key] = pool
+        self.started += 1
+        from .worker import worker_main
+
+        try:
+            rdv = self._store.new_rendezvous()
+            for rank in range(spec.nprocs):
+                task = make_task(spec, rank, None, b"", rdv, log_paths[rank])
+                here, there = self._ctx.Pipe(duplex=True)
+                p = self._ctx.Process(target=worker_main, args=(task, there), name=f"mgpu-warm{rank}")
+                p.start()
+                there.close()
+                pool.procs.append(p)
+                pool.conns.append(here)
+                pool.pids.append(p.pid)
+            got = collect(pool.procs, pool.conns, log_paths, spec.timeout_s, until_ready=True)
+            got.raise_if_failed(spec.describe() + " (starting warm ranks)", log_paths)
+        except BaseException:
+            self._discard(key)
+            raise
+        return pool
+
+    def _discard(self, key: Key) -> None:
+        pool = self._pools.pop(key, None)
+        if pool is None:
+            return
+        for p in pool.procs:
+            kill_tree(p.pid)  # a rank may be stuck in a collective: asking it to exit is not enough
+        for p in pool.procs:
+            p.join(JOIN_S)
+        for conn in pool.conns:
+            conn.close()
+        shutil.rmtree(pool.logdir, ignore_errors=True)

@@ -1,0 +1,201 @@
+"""The code inside a warm rank: join the group once, then run call after call, each as a fresh
+rank would (same seeds, flags, environment, default process group), reporting like a fresh rank.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+import pickle
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from .protocol import FnRef, RankOutcome, RankTask
+from .rank import _detach, _error, join_group, prepare_rank, run_call, send_outcome
+
+
+@dataclass
+class PoolCall:
+    """One call for a warm rank (sent by the pool launcher, one per rank)."""
+
+    fn: FnRef
+    payload: bytes
+    seed: int
+    per_rank_seed: bool
+    threads: int
+    log_path: str
+    env: Dict[str, str] = field(default_factory=dict)
+    sys_path: List[str] = field(default_factory=list)
+    rejoin_prefix: Optional[str] = None  # set when the last call changed the process groups
+
+
+@dataclass
+class Fresh:
+    """The process-wide state a fresh rank starts with, taken once after joining the group and put
+    back before every call, so no call sees what an earlier one left behind."""
+
+    env: Dict[str, str]
+    cwd: str
+    dtype: object
+    grad: bool
+    deterministic: Tuple[bool, bool]
+    matmul_precision: str
+    anomaly: bool
+    flags: Dict[str, object]
+
+    _FLAGS = (
+        ("cudnn", "enabled"),
+        ("cudnn", "benchmark"),
+        ("cudnn", "deterministic"),
+        ("cudnn", "allow_tf32"),
+        ("cuda.matmul", "allow_tf32"),
+        ("cuda.matmul", "allow_fp16_reduced_precision_reduction"),
+        ("cuda.matmul", "allow_bf16_reduced_precision_reduction"),
+        ("mkldnn", "enabled"),
+    )
+
+    @classmethod
+    def take(cls) -> "Fresh":
+        import torch
+
+        flags = {}
+        for mod, name in cls._FLAGS:
+            try:
+                flags[f"{mod}.{name}"] = getattr(_backend(mod), name)
+            except (AttributeError, RuntimeError):
+                pass
+        return cls(
+            env=dict(os.environ),
+            cwd=os.getcwd(),
+            dtype=torch.get_default_dtype(),
+            grad=torch.is_grad_enabled(),
+            deterministic=(
+                torch.are_deterministic_algorithms_enabled(),
+                torch.is_deterministic_algorithms_warn_only_enabled(),
+            ),
+            matmul_precision=torch.get_float32_matmul_precision(),
+            anomaly=torch.is_anomaly_enabled(),
+            flags=flags,
+        )
+
+    def restore(self) -> None:
+        import torch
+
+        if os.environ != self.env:
+            os.environ.clear()
+            os.environ.update(self.env)
+        if os.getcwd() != self.cwd:
+            os.chdir(self.cwd)
+        torch.set_default_dtype(self.dtype)
+        torch.set_grad_enabled(self.grad)
+        torch.use_deterministic_algorithms(self.deterministic[0], warn_only=self.deterministic[1])
+        torch.set_float32_matmul_precision(self.matmul_precision)
+        torch.autograd.set_detect_anomaly(self.anomaly)
+        for key, value in self.flags.items():
+            mod, name = key.rsplit(".", 1)
+            try:
+                setattr(_backend(mod), name, value)
+            except (AttributeError, RuntimeError):
+                pass
+
+
+def _backend(mod: str):
+    import torch
+
+    obj = torch.backends
+    for part in mod.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _groups_changed(default_pg) -> bool:
+    """Did the call destroy the default group or create others? Then every rank joins afresh."""
+    try:
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+
+        if not dist.is_initialized():
+            return True
+        return c10d._get_default_group() is not default_pg or len(c10d._world.pg_map) != 1
+    except Exception:
+        return True
+
+
+def _redirect(log_path: str) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _release_memory(task: RankTask) -> None:
+    """What a finished process would give back: garbage, and cached CUDA memory and peak stats."""
+    gc.collect()
+    if task.device_type == "cuda":
+        import torch
+
+        for d in task.devices or (task.device_index,):
+            with torch.cuda.device(d):
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+
+
+def worker_main(task: RankTask, conn) -> None:
+    """Entry point of a warm rank (target of the forkserver Process)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    _detach(task.log_path, task.launcher_pid)
+    t0 = time.perf_counter()
+    try:
+        prepare_rank(task)
+        store = join_group(task)
+        default_pg = c10d._get_default_group()
+        fresh = Fresh.take()
+        gc.freeze()  # torch's own objects are permanent: per-call collections only see the test's
+    except BaseException as exc:
+        send_outcome(conn, _error(task, exc, "init"))
+        os._exit(3)
+    send_outcome(conn, RankOutcome(rank=task.rank, ok=True, ready=True, init_s=time.perf_counter() - t0))
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except (EOFError, OSError):
+            os._exit(0)
+        call: Optional[PoolCall] = pickle.loads(data)
+        if call is None:
+            os._exit(0)
+        _redirect(call.log_path)
+        fresh.restore()
+        if call.sys_path and sys.path != call.sys_path:
+            sys.path[:] = call.sys_path
+        this = dataclasses.replace(
+            task, fn=call.fn, payload=call.payload, seed=call.seed, per_rank_seed=call.per_rank_seed,
+            threads=call.threads, env=call.env,
+        )
+        t1 = time.perf_counter()
+        try:
+            prepare_rank(this)
+            if call.rejoin_prefix:
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+                join_group(this, store, call.rejoin_prefix)
+                default_pg = c10d._get_default_group()
+        except BaseException as exc:
+            send_outcome(conn, _error(task, exc, "init"))
+            os._exit(3)
+        init_s = time.perf_counter() - t1
+        outcome = run_call(this)
+        outcome.init_s = init_s
+        outcome.dirty = _groups_changed(default_pg)
+        send_outcome(conn, outcome)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if not outcome.ok:
+            os._exit(1)  # peers may be stuck in a collective: the pool is rebuilt
+        _release_memory(this)
