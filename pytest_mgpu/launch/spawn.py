@@ -20,7 +20,7 @@ from .protocol import FnRef, RankTask
 from .rendezvous import Rendezvous, StoreServer
 
 JOIN_S = 5.0  # how long a rank that sent its result gets to exit before it is killed
-PRELOAD = ["torch", "torch.distributed", "pytest_mgpu.launch.rank"]
+PRELOAD = ["numpy", "torch", "torch.distributed", "pytest_mgpu.launch.rank", "pytest_mgpu.launch.worker"]
 
 
 @dataclass(frozen=True)
