@@ -3,11 +3,14 @@ from ._context import RankContext, in_rank, rank_context, rank_device
 from .devices import DevicePlan
 from .launch.errors import RankFailure
 from .markers import world_sizes
+from .timing.measure import Measurement, TaskSpec
 
 __all__ = [
     "DevicePlan",
+    "Measurement",
     "RankContext",
     "RankFailure",
+    "TaskSpec",
     "in_rank",
     "rank_context",
     "rank_device",

@@ -208,8 +208,8 @@ def _timing_addoption(parser):
     group.addoption("--mgpu-gate", dest="mgpu_gate", choices=GATE_MODES, default=None,
                     help="what a regression does: fail the test, warn, or auto (default: fail on GPUs, "
                     "warn when ranks are emulated on CPU; ini mgpu_gate)")
-    group.addoption("--mgpu-report", dest="mgpu_report", metavar="PATH", default=None,
-                    help="write the timing report to PATH: .md (CI job summary), .json or .csv")
+    group.addoption("--mgpu-report", dest="mgpu_report", metavar="PATH", action="append", default=None,
+                    help="write the timing report to PATH: .md (CI job summary), .json or .csv; repeatable")
     group.addoption("--mgpu-plot", dest="mgpu_plot", metavar="DIR", default=None,
                     help="draw PNG charts of the timings into DIR (needs matplotlib)")
     parser.addini("mgpu_baselines", "timing baselines directory: see --mgpu-baselines", default=None)
@@ -288,8 +288,7 @@ class _TimingHooks:
         self.notes = self.state.fingerprint_notes()  # before saving: what this run was judged by
         if self.state.options.save:
             self.lines += self.state.save_baselines()
-        path = self.state.options.report_path
-        if path is not None:
+        for path in self.state.options.report_paths:
             report.write(path, self.rows, found, self.notes)
             self.lines.append(f"report written to {path}")
         plot_dir = self.state.options.plot_dir

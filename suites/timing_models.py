@@ -39,8 +39,10 @@ class Scale:
 
 
 def _multi(sizes=(2, 4, 8)) -> Tuple[int, ...]:
+    """The multi-device world sizes this machine's GPUs can hold; (2,) on CPU, and on a 1-GPU
+    machine (where those tests skip rather than emulate GPU-size cases on the CPU)."""
     n = cuda_count()
-    return tuple(s for s in sizes if s <= n) if n else (2,)
+    return tuple(s for s in sizes if s <= n) or (2,)
 
 
 ON_GPU = cuda_count() > 0

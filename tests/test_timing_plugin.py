@@ -36,9 +36,12 @@ def _baseline_files(pytester):
     return sorted(d.glob("*.json")) if d.exists() else []
 
 
-def test_report_table_exports_and_plots(pytester):
+def test_report_table_exports_junit_and_plots(pytester):
+    """One session (each costs a rank pool's start): terminal table, the three report formats,
+    junit properties and the charts."""
     pytester.makepyfile(BODY)
-    result = pytester.runpytest("--mgpu-fallback=cpu", "--mgpu-report=out/report.md", "--mgpu-plot=charts")
+    result = pytester.runpytest("--mgpu-fallback=cpu", "--mgpu-report=out/report.md", "--mgpu-report=report.json",
+                                "--mgpu-report=report.csv", "--junitxml=junit.xml", "--mgpu-plot=charts")
     result.assert_outcomes(passed=TIMED)
     result.stdout.fnmatch_lines([
         "*pytest-mgpu timing*",
@@ -50,36 +53,34 @@ def test_report_table_exports_and_plots(pytester):
         "*report written to*report.md*",
         "*3 chart(s) drawn in*charts*",
     ])
+    # Markdown for a CI job summary
     md = (pytester.path / "out" / "report.md").read_text()
-    assert md.startswith("## pytest-mgpu timing") and "| mm " in md and md.count("\n| mm") == TIMED
+    assert md.startswith("## pytest-mgpu timing") and md.count("\n| mm") == TIMED
+    # JSON: rows and raw measurements
+    doc = json.loads((pytester.path / "report.json").read_text())
+    assert len(doc["rows"]) == len(doc["measurements"]) == TIMED
+    ddp = next(r for r in doc["rows"] if r["strategy"] == "ddp")
+    assert ddp["world_size"] == 2 and ddp["ranks"] == 2 and ddp["speedup"] > 0
+    assert ddp["efficiency"] == pytest.approx(ddp["speedup"] / 2) and ddp["reference"] == "single (1 dev)"
+    m = next(d for d in doc["measurements"] if d["task"]["strategy"] == "ddp")
+    assert len(m["samples_s"]) == 8 and len(m["rank_samples_s"]) == 2 and m["verdict"]["status"] == "new"
+    # CSV
+    rows = list(csv.DictReader(io.StringIO((pytester.path / "report.csv").read_text())))
+    assert sorted(r["strategy"] for r in rows) == ["ddp", "pipeline", "pipeline", "pipeline", "single"]
+    assert all(float(r["median_s"]) > 0 for r in rows)
+    # junit XML: the measurements as properties of their test case
+    cases = ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")
+    props = {c.get("name"): {p.get("name"): p.get("value") for p in c.iter("property")} for c in cases}
+    assert len(props) == TIMED
+    for name, p in props.items():
+        (data,) = json.loads(p["mgpu_timing"])
+        assert data["task"]["label"].endswith(name)
+        assert float(p[f"mgpu_median_s[{data['task']['name']}]"]) == pytest.approx(data["median_s"], rel=1e-5)
+    # charts: bars per group, the split-size curve, scaling efficiency
     charts = sorted(p.name for p in (pytester.path / "charts").iterdir())
     assert charts == ["bars-mm-emulated.png", "curve-mm-emulated-split_size.png", "scaling-efficiency.png"]
     for name in charts:
         assert (pytester.path / "charts" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-    for ext in ("json", "csv"):
-        pytester.runpytest("--mgpu-fallback=cpu", f"--mgpu-report=report.{ext}", "-k", "scaling").assert_outcomes(passed=2)
-    doc = json.loads((pytester.path / "report.json").read_text())
-    assert len(doc["rows"]) == len(doc["measurements"]) == 2
-    ddp = next(r for r in doc["rows"] if r["strategy"] == "ddp")
-    assert ddp["world_size"] == 2 and ddp["ranks"] == 2 and ddp["speedup"] > 0
-    assert ddp["efficiency"] == pytest.approx(ddp["speedup"] / 2)
-    m = next(d for d in doc["measurements"] if d["task"]["strategy"] == "ddp")
-    assert len(m["samples_s"]) == 8 and len(m["rank_samples_s"]) == 2 and m["verdict"]["status"] == "new"
-    rows = list(csv.DictReader(io.StringIO((pytester.path / "report.csv").read_text())))
-    assert {r["strategy"] for r in rows} == {"single", "ddp"} and all(float(r["median_s"]) > 0 for r in rows)
-
-
-def test_junit_xml_carries_the_timings(pytester):
-    pytester.makepyfile(BODY)
-    pytester.runpytest("--mgpu-fallback=cpu", "--junitxml=junit.xml", "-k", "scaling").assert_outcomes(passed=2)
-    cases = ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")
-    props = {c.get("name"): {p.get("name"): p.get("value") for p in c.iter("property")} for c in cases}
-    assert set(props) == {"test_scaling[gpu1]", "test_scaling[gpu2]"}
-    for name, p in props.items():
-        data = json.loads(p["mgpu_timing"])
-        assert [d["task"]["label"].endswith(name) for d in data] == [True]
-        assert float(p[f"mgpu_median_s[{data[0]['task']['name']}]"]) == pytest.approx(data[0]["median_s"], rel=1e-3)
 
 
 def _claim_impossible_speed(path):
@@ -112,23 +113,21 @@ def test_broken(dist):
     assert doc["fingerprint"]["emulated"] is True and path.name.startswith("cpu-")
     assert all(len(e["samples_s"]) == e["n"] == 8 for e in doc["entries"].values())
 
-    # judged against it: a verdict, not "new" (which verdict depends on this machine's load)
-    result = pytester.runpytest(*args, "--mgpu-report=judged.json", "--mgpu-regression=25")
-    result.stdout.fnmatch_lines([f"*gate: warn, threshold +25%*", f"*baseline {path.name}: 1 of 3*new*"])
-    judged = json.loads((pytester.path / "judged.json").read_text())["measurements"]
-    status = {d["task"]["name"]: d["verdict"]["status"] for d in judged}
-    assert status["matmul"] == "new" and {status["single"], status["ddp"]} <= {"same", "slower", "faster"}
-
-    # a baseline far faster than this machine can run: the gate must fire
+    # judged against a baseline far faster than this machine can run: the gate must fire
     _claim_impossible_speed(path)
-    result = pytester.runpytest(*args, "--mgpu-gate=fail")
+    result = pytester.runpytest(*args, "--mgpu-gate=fail", "--mgpu-regression=25", "--mgpu-report=judged.json")
     result.assert_outcomes(failed=3)
     result.stdout.fnmatch_lines([
         "*timing regression:*",
         "*test_scaling[[]gpu2[]]::ddp is slower than its baseline: median * vs baseline 1.0* ns (x*, +*%; "
-        "threshold +10%), Mann-Whitney p=* (confidence *%*), n=8 vs 8; baseline: cpu-*.json*",
+        "threshold +25%), Mann-Whitney p=* (confidence *%*), n=8 vs 8; baseline: cpu-*.json*",
+        "*pytest-mgpu timing*",
+        "*gate: fail, threshold +25%*", f"*baseline {path.name}: 1 of 3*new*",
         "*SLOWER (failed)*",
     ])
+    judged = json.loads((pytester.path / "judged.json").read_text())["measurements"]
+    status = {d["task"]["name"]: (d["verdict"]["status"], d["outcome"]) for d in judged}
+    assert status == {"single": ("slower", "failed"), "ddp": ("slower", "failed"), "matmul": ("new", "failed")}
     # by default emulated CPU runs only warn
     result = pytester.runpytest(*args)
     result.assert_outcomes(passed=2, failed=1, warnings=2)
@@ -146,8 +145,10 @@ def test_bad_options_are_usage_errors(pytester):
 def test_xdist_workers_record_every_test_once(pytester):
     pytester.makepyfile(BODY)
     result = pytester.runpytest_subprocess("--mgpu-fallback=cpu", "-n", "2", "--mgpu-report=r.json",
-                                           "-p", "no:cacheprovider")
+                                           "--mgpu-save-baselines", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=TIMED)
+    (path,) = _baseline_files(pytester)  # written once, by the controller
+    assert len(json.loads(path.read_text())["entries"]) == TIMED
     doc = json.loads((pytester.path / "r.json").read_text())
     keys = [d["key"] for d in doc["measurements"]]
     assert len(keys) == len(set(keys)) == TIMED

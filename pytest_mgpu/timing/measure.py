@@ -262,11 +262,10 @@ class _Clock:
         self.world = tdist.get_world_size() if tdist.is_available() and tdist.is_initialized() else 1
         self.cuda: List[int] = []
         if ctx.device_type == "cuda":
-            has_ctx = getattr(torch._C, "_cuda_hasPrimaryContext", lambda i: True)
+            # every GPU the rank holds, not just the current one: a DataParallel or model-parallel
+            # step may still be running on another when the current device is done
             own = [] if ctx.device_index is None else [ctx.device_index]
-            # every GPU the rank may use and has touched (syncing an untouched one would create a
-            # context on it)
-            self.cuda = sorted(set(own) | {i for i in ctx.devices if has_ctx(i)})
+            self.cuda = sorted(set(own) | set(ctx.devices))
 
     def sync(self) -> None:
         for i in self.cuda:
@@ -312,7 +311,13 @@ def rank_loop(fn_ref: FnRef, args: tuple, kwargs: dict, loop: LoopConfig) -> Ran
     ctx = rank_context()
     fn = fn_ref.resolve()
     heap = _HeapPeak() if ctx.device_type != "cuda" else None
-    heap_before = heap.in_use() if heap is not None and heap.available else None
+    if heap is not None and heap.available:
+        import gc
+
+        gc.collect()  # a warm rank may still hold garbage of an earlier call
+        heap_before = heap.in_use()
+    else:
+        heap_before = None
     made = fn(*args, **kwargs)
     step = made if callable(made) else functools.partial(fn, *args, **kwargs)
     clock = _Clock(ctx)

@@ -60,6 +60,12 @@ def draw(rows: Sequence[Row], out_dir: Path) -> List[Path]:
         xs = range(len(members))
         ax.bar(xs, [r.median_s for r in members], yerr=_iqr_bars(members), capsize=6, alpha=0.6,
                ecolor="red", width=0.6)
+        base = [(x, r.verdict["baseline_median"]) for x, r in zip(xs, members)
+                if r.verdict and r.verdict.get("baseline_median") is not None]
+        if base:
+            ax.scatter([b[0] for b in base], [b[1] for b in base], marker="_", s=900, linewidths=2,
+                       color="black", label="baseline median", zorder=3)
+            ax.legend(fontsize=8)
         ax.set_xticks(list(xs))
         ax.set_xticklabels(labels, rotation=30 if len(members) > 4 else 0, ha="right" if len(members) > 4 else "center",
                            fontsize=8)

@@ -27,7 +27,7 @@ class TimingOptions:
     save: bool = False
     threshold: float = gate.DEFAULT_THRESHOLD  # fraction: 0.10 = 10% slower
     gate: str = "auto"  # auto: fail on real GPUs, warn on emulated CPU ranks
-    report_path: Optional[Path] = None
+    report_paths: Tuple[Path, ...] = ()
     plot_dir: Optional[Path] = None
 
     @classmethod
@@ -60,18 +60,18 @@ class TimingOptions:
             bdir = rootpath / str(ini("mgpu_baselines"))
         else:
             bdir = rootpath / "baselines"
-        report = option("mgpu_report")
-        plots = option("mgpu_plot")
-        if report:
-            report = here / str(report)
+        raw_reports = option("mgpu_report") or []
+        reports = tuple(here / str(r) for r in ([raw_reports] if isinstance(raw_reports, str) else raw_reports))
+        for report in reports:
             if report.suffix.lower() not in (".md", ".json", ".csv"):
                 raise TimingOptionError(f"--mgpu-report writes .md, .json or .csv (by extension), got {report}")
+        plots = option("mgpu_plot")
         return cls(
             baselines_dir=bdir,
             save=bool(option("mgpu_save_baselines")),
             threshold=threshold,
             gate=mode,
-            report_path=report or None,
+            report_paths=reports,
             plot_dir=here / str(plots) if plots else None,
         )
 
