@@ -43,6 +43,23 @@ def test_mobilenet_v2_groupnorm_trains_like_one_device(dist):
     print(report.format())
 
 
+@world_sizes(2)
+def test_float64_is_judged_with_a_tighter_tolerance(dist):
+    model = functools.partial(M.as_double, M.mlp)
+    report = dist.assert_parity("ddp", model, functools.partial(M.double_batch, M.mnist_batch), steps=2)
+    assert report.facts.dtype == "float64" and report.tolerance.rtol < 1e-7
+    assert report.rel("grad") < 1e-12
+
+
+@world_sizes(2, 4)
+def test_sum_loss_under_ddp_averaging_is_off_by_the_world_size(dist):
+    with pytest.raises(ParityError) as failure:
+        dist.assert_parity("ddp", M.mlp, M.mnist_batch, loss_fn=M.sum_loss, steps=1)
+    print(failure.value)
+    w = dist.world_size
+    assert f"gradients are {1 / w:.3g}x the reference's; 1/{w}" in str(failure.value)
+
+
 @SIZES
 def test_gradient_accumulation_with_no_sync_equals_one_large_batch(dist):
     # each rank's shard in 2 micro-batches, the first under no_sync(): one all-reduce per step

@@ -85,9 +85,14 @@ def likely_causes(report: "ParityReport") -> List[str]:
     hints = []
     if f.batchnorm and splits_batch:
         how = (f"{f.microbatches} micro-batches" if f.microbatches > 1 else f"the {f.world_size} shards")
-        fix = ("convert with torch.nn.SyncBatchNorm.convert_sync_batchnorm (sync_bn=True for ddp) so "
-               "statistics cover the global batch" if base in DATA_PARALLEL and f.microbatches == 1 else
-               "BatchNorm cannot see across micro-batches: compare in eval() mode, or use GroupNorm/LayerNorm")
+        if f.microbatches > 1:
+            fix = "BatchNorm cannot see across micro-batches: compare in eval() mode, or use GroupNorm/LayerNorm"
+        elif base == "dp":
+            fix = ("DataParallel replicas cannot share statistics: use DDP with SyncBatchNorm, or compare "
+                   "in eval() mode")
+        else:
+            fix = ("convert with torch.nn.SyncBatchNorm.convert_sync_batchnorm (sync_bn=True for ddp) so "
+                   "statistics cover the global batch")
         hints.append(
             f"BatchNorm without SyncBatchNorm: {len(f.batchnorm)} BatchNorm module(s) in training mode "
             f"({_names(f.batchnorm)}) normalize each of {how} with its own mean and variance, not the "
@@ -100,7 +105,7 @@ def likely_causes(report: "ParityReport") -> List[str]:
             "set p=0 for the parity check."
         )
     scale = _grad_scale([e for r in report.records[:1] for e in r.errors])
-    if base in DATA_PARALLEL and f.world_size > 1 and (f.loss_reduction == "sum" or scale != 1.0):
+    if base in ("ddp", "fsdp") and f.world_size > 1 and (f.loss_reduction == "sum" or scale != 1.0):
         seen = f" (gradients are {scale:.3g}x the reference's" + \
             (f"; 1/{f.world_size} = {1 / f.world_size:.3g})" if abs(scale * f.world_size - 1) < 0.05 else ")") \
             if scale != 1.0 else ""
