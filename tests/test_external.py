@@ -381,7 +381,6 @@ def planes():
         return ControlPlane(tdist.PrefixStore("t/", client), rank, 3, say=lambda text: None, stack_wait_s=0.1)
 
     yield [plane(r) for r in range(3)]
-    del server  # the store lives as long as the test
 
 
 def run_ranks(planes, work):

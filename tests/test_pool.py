@@ -1,6 +1,5 @@
 """Warm ranks: reused across tests, yet every test starts as a fresh rank would; any failure
 rebuilds the pool; the opt-out gives fresh processes."""
-import pytest
 
 STATE = """
 import os, random, pytest, torch, torch.distributed as tdist
