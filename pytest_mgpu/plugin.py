@@ -99,7 +99,7 @@ def pytest_runtest_setup(item):
     plan = _session(item.config).plan(world_size)
     item.stash[PLAN_KEY] = plan
     if plan.skip_reason:
-        pytest.skip(plan.skip_reason)
+        raise pytest.skip.Exception(plan.skip_reason, _use_item_location=True)  # report the test, not us
     item.user_properties.append(("mgpu_plan", plan.describe()))
     item.user_properties.append(("mgpu_emulated", plan.emulated))
 
@@ -155,12 +155,15 @@ class _Recorder:
 
     def __init__(self, session: MgpuSession):
         self.session = session
+        self.skipped = set()
 
     def pytest_runtest_logreport(self, report):
+        if report.skipped:
+            self.skipped.add(report.nodeid)  # a skipped test did not run distributed
         if report.when != "teardown":
             return
         props = dict(report.user_properties)
-        if "mgpu_calls" not in props:
+        if "mgpu_calls" not in props or report.nodeid in self.skipped:
             return
         self.session.records[report.nodeid] = TestRecord(
             nodeid=report.nodeid,

@@ -88,15 +88,24 @@ class Fresh:
             os.environ.update(self.env)
         if os.getcwd() != self.cwd:
             os.chdir(self.cwd)
-        torch.set_default_dtype(self.dtype)
-        torch.set_grad_enabled(self.grad)
-        torch.use_deterministic_algorithms(self.deterministic[0], warn_only=self.deterministic[1])
-        torch.set_float32_matmul_precision(self.matmul_precision)
-        torch.autograd.set_detect_anomaly(self.anomaly)
+        # Set only what differs: some setters are not free (a cudnn flag loads cudnn, ~1 s).
+        if torch.get_default_dtype() != self.dtype:
+            torch.set_default_dtype(self.dtype)
+        if torch.is_grad_enabled() != self.grad:
+            torch.set_grad_enabled(self.grad)
+        deterministic = (torch.are_deterministic_algorithms_enabled(),
+                         torch.is_deterministic_algorithms_warn_only_enabled())
+        if deterministic != self.deterministic:
+            torch.use_deterministic_algorithms(self.deterministic[0], warn_only=self.deterministic[1])
+        if torch.get_float32_matmul_precision() != self.matmul_precision:
+            torch.set_float32_matmul_precision(self.matmul_precision)
+        if torch.is_anomaly_enabled() != self.anomaly:
+            torch.autograd.set_detect_anomaly(self.anomaly)
         for key, value in self.flags.items():
             mod, name = key.rsplit(".", 1)
             try:
-                setattr(_backend(mod), name, value)
+                if getattr(_backend(mod), name) != value:
+                    setattr(_backend(mod), name, value)
             except (AttributeError, RuntimeError):
                 pass
 
