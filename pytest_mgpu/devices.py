@@ -14,6 +14,11 @@ from typing import List, Optional, Sequence, Tuple
 FALLBACKS = ("skip", "cpu")
 
 
+def usable_cpus() -> int:
+    """CPU cores this process may run on (its affinity mask, not the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 @dataclass(frozen=True)
 class Hardware:
     """What this process can see: CUDA device ids (as the outer CUDA_VISIBLE_DEVICES names them)."""
@@ -31,7 +36,7 @@ def detect_hardware() -> Hardware:
     """Count GPUs without creating a CUDA context in this process (NVML first, as torch does)."""
     import torch
 
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = usable_cpus()
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and visible.strip() != "":

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
+
+from .devices import usable_cpus
 
 
 def cpu_model() -> str:
@@ -25,10 +26,6 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def usable_cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _slug(text: str, limit: int = 32) -> str:

@@ -88,7 +88,7 @@ def collect(procs, conns, log_paths: Sequence[str], timeout_s: float, *, started
         if outcome.ok:
             got.outcomes[r] = outcome
         else:
-            fail(_raised(outcome))
+            fail(raised_problem(outcome))
 
     def fail(problem: RankProblem) -> None:
         nonlocal first_failure
@@ -199,7 +199,8 @@ def recv(conn) -> Optional[RankOutcome]:
         return None
 
 
-def _raised(o: RankOutcome) -> RankProblem:
+def raised_problem(o: RankOutcome) -> RankProblem:
+    """The problem report of a rank that sent back an exception."""
     where = {
         "init": " while joining the process group",
         "import": " while loading the function",

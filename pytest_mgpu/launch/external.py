@@ -20,6 +20,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .._context import RankContext, set_rank_context
 from ..devices import DevicePlan
+from .collect import raised_problem
 from .control import ControlPlane, Post, WorldBroken
 from .errors import RankFailure, RankProblem
 from .protocol import FnRef, RankOutcome, RankTask
@@ -460,7 +461,7 @@ class ExternalLauncher:
         except WorldBroken as wb:
             wb.posts.setdefault(world.rank, Post(world.rank, "", outcome is None or outcome.ok, outcome))
             raise self._failure(spec, wb, started=True) from None
-        problems = [_raised(p.data) for _, p in sorted(posts.items()) if not p.ok]
+        problems = [raised_problem(p.data) for _, p in sorted(posts.items()) if not p.ok]
         if problems:
             raise RankFailure(spec.describe(), problems)
         outcomes = [posts[0].data] if single else [posts[r].data for r in range(world.world_size)]
@@ -507,7 +508,7 @@ class ExternalLauncher:
         return outcome
 
     def _failure(self, spec: LaunchSpec, wb: WorldBroken, started: bool) -> RankFailure:
-        problems = [_raised(p.data) for _, p in sorted(wb.posts.items())
+        problems = [raised_problem(p.data) for _, p in sorted(wb.posts.items())
                     if not p.ok and isinstance(p.data, RankOutcome)]
         failed_first = bool(problems)
         for r in wb.lost:
@@ -530,11 +531,6 @@ class ExternalLauncher:
 
     def close(self) -> None:
         pass
-
-
-def _raised(o: RankOutcome) -> RankProblem:
-    where = {"import": " while loading the function", "return": " while sending its result"}.get(o.phase, "")
-    return RankProblem(o.rank, "raised", f"raised {o.exc_type}: {o.exc_message}{where}", o.traceback)
 
 
 def _cuda_count() -> int:

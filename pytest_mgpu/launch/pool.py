@@ -15,8 +15,8 @@ import sys
 import tempfile
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Optional, Tuple
 
 from .collect import collect, kill_tree
 from .protocol import FnRef
@@ -35,7 +35,6 @@ class _Pool:
     logdir: str
     calls: int = 0
     rejoin: bool = False
-    pids: List[int] = field(default_factory=list)
 
 
 class PoolLauncher:
@@ -49,7 +48,6 @@ class PoolLauncher:
         self._fresh = SpawnLauncher(self._store)
         self.max_ranks = max_ranks
         self.recycle_after = recycle_after  # calls before a pool is replaced, to bound slow leaks
-        self.started = 0  # pools started, for the tests and benchmarks
 
     @staticmethod
     def key(spec: LaunchSpec) -> Key:
@@ -109,9 +107,6 @@ class PoolLauncher:
             self._discard(key)
         self._fresh.close()
 
-    def rank_pids(self) -> List[int]:
-        return [pid for pool in self._pools.values() for pid in pool.pids]
-
     # -- internals ----------------------------------------------------------------------------
     def _start(self, spec: LaunchSpec, key: Key) -> _Pool:
         while self._pools and sum(k[0] for k in self._pools) + spec.nprocs > self.max_ranks:
@@ -120,7 +115,6 @@ class PoolLauncher:
         log_paths = [os.path.join(logdir, f"rank{r}.log") for r in range(spec.nprocs)]
         pool = _Pool(key, [], [], logdir)
         self._pools[key] = pool
-        self.started += 1
         from .worker import worker_main
 
         try:
@@ -133,7 +127,6 @@ class PoolLauncher:
                 there.close()
                 pool.procs.append(p)
                 pool.conns.append(here)
-                pool.pids.append(p.pid)
             got = collect(pool.procs, pool.conns, log_paths, spec.timeout_s, until_ready=True)
             got.raise_if_failed(spec.describe() + " (starting warm ranks)", log_paths)
         except BaseException:

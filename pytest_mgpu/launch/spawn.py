@@ -15,8 +15,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..devices import usable_cpus
 from .collect import collect, kill_tree
 from .protocol import FnRef, RankTask
+from .rank import rank_main
 from .rendezvous import Rendezvous, StoreServer
 
 JOIN_S = 5.0  # how long a rank that sent its result gets to exit before it is killed
@@ -61,8 +63,7 @@ class LaunchResult:
 
 
 def _threads_per_rank(nprocs: int) -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, nprocs))
+    return max(1, usable_cpus() // max(1, nprocs))
 
 
 def make_task(spec: LaunchSpec, rank: int, fn: Optional[FnRef], payload: bytes, rdv: Rendezvous,
@@ -130,7 +131,7 @@ class SpawnLauncher:
                 task = make_task(spec, rank, fn, payload, rdv, log_paths[rank])
                 recv, send = self._ctx.Pipe(duplex=False)
                 p = self._ctx.Process(
-                    target=_entry, args=(task, send), name=f"mgpu-rank{rank}", daemon=False
+                    target=rank_main, args=(task, send), name=f"mgpu-rank{rank}", daemon=False
                 )
                 p.start()
                 send.close()
@@ -159,11 +160,3 @@ class SpawnLauncher:
         for pid in list(self._live):
             kill_tree(pid)
         self._live.clear()
-
-
-def _entry(task: RankTask, conn) -> None:
-    from .rank import rank_main
-
-    rank_main(task, conn)
-
-
