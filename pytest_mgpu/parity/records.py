@@ -89,6 +89,8 @@ class TensorError:
     norm_err: float = 0.0  # ||strategy - reference||_2
     norm_ref: float = 0.0  # ||reference||_2
     numel: int = 0
+    # ||reference - float64 shadow||_2: the model's own float32 roundoff at this step (NaN: no shadow)
+    floor: float = math.nan
 
     @property
     def rel(self) -> float:
