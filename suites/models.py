@@ -150,3 +150,28 @@ def as_double(model_fn) -> nn.Module:
 def double_batch(batch_fn, step: int):
     x, y = batch_fn(step)
     return x.double(), y
+
+
+class TinyTransformer(nn.Module):
+    """A small Transformer encoder classifier (no dropout): LayerNorm, attention softmax and GELU,
+    the roundoff paths that convolutions do not have."""
+
+    def __init__(self, d_model: int = 32, heads: int = 4, layers: int = 2):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(d_model, heads, dim_feedforward=2 * d_model, dropout=0.0,
+                                           activation="gelu", batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d_model, NUM_CLASSES)
+
+    def forward(self, x):
+        return self.head(self.encoder(x).mean(dim=1))
+
+
+def transformer(d_model: int = 32, heads: int = 4, layers: int = 2) -> nn.Module:
+    return TinyTransformer(d_model, heads, layers)
+
+
+def sequence_batch(step: int, batch: int = 8, length: int = 12, d_model: int = 32, seed: int = 0):
+    """A deterministic batch of embedded token sequences and labels."""
+    g = torch.Generator().manual_seed(10_000 * seed + step)
+    return torch.randn(batch, length, d_model, generator=g), torch.randint(0, NUM_CLASSES, (batch,), generator=g)

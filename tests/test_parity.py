@@ -8,7 +8,8 @@ import math
 import pytest
 
 from pytest_mgpu.parity import STRATEGIES, ParityReport, StrategyError, Tolerance
-from pytest_mgpu.parity.engine import derive_tolerance, judge
+from pytest_mgpu.parity.engine import judge
+from pytest_mgpu.parity.tolerance import MULTIPLE, derive_tolerance, measure_tolerance
 from pytest_mgpu.parity.records import RankResult, RunFacts, StepRecord, TensorError
 from pytest_mgpu.parity.staged import auto_split_points
 from pytest_mgpu.parity.strategies import exactness, resolve, shard_indices, split_micro
@@ -70,7 +71,8 @@ def test_matching_model_passes_and_reports(dist):
     report = dist.assert_parity("ddp", mlp, batch, steps=2)
     assert report.passed and report.first_divergence is None
     assert [row["step"] for row in report.per_step()] == [0, 1]
-    assert 0 < report.rel("grad") < report.tolerance.rtol
+    assert report.tolerance.rule == "measured" and 0 < report.worst_ratio < 1
+    assert all(line.floor > 0 for line in report.lines()), "the float64 shadow measured every step"
     print(report.format())
 
 @pytest.mark.gpu2
@@ -113,11 +115,13 @@ def test_unused_needs_find_unused(dist):  # last: its rank failure costs the war
 """)
     result = pytester.runpytest("--mgpu-fallback=cpu", "-s")
     result.assert_outcomes(passed=9, failed=1)
-    result.stdout.fnmatch_lines(["*parity: ddp on 2 x cpu (gloo, emulated) matches one device over 2 step(s)*"])
+    result.stdout.fnmatch_lines(["*parity: ddp on 2 x cpu (gloo, emulated) matches one device over 2 step(s)*"
+                                 "worst error / line: *",
+                                 "*step*loss rel err*grad rel err*floor*line*worst / line*"])
     result.stdout.fnmatch_lines([
         "*ParityError: ddp on 2 x cpu (gloo, emulated) diverges from one device at step 0 (of 2)*",
-        "*tolerance: rtol=*derived: sqrt(float32 eps*",
-        "*step*kind*name*shape*max abs err*max rel err*norm rel err*tolerance*",
+        "*tolerance: * x the measured roundoff floor of each step (measured: reference vs float64 shadow*",
+        "*step*kind*name*shape*max abs err*max rel err*norm rel err*tolerance*err / line*",
         "*0*grad*bn.weight*4*",
         "*per step, worst norm rel err:*",
         "*likely causes:*",
@@ -237,6 +241,83 @@ def test_tolerance_is_norm_wise():
     assert not tol.passes(_err(norm_err=math.nan))
 
 
+def _floored(norm_err, floor, name="w", kind="grad", norm_ref=1.0):
+    e = _err(kind=kind, name=name, norm_err=norm_err, norm_ref=norm_ref)
+    e.floor = floor
+    return e
+
+
+def test_measured_line_is_a_multiple_of_the_float64_floor_pooled_per_step():
+    parts2 = MULTIPLE * math.sqrt(2)  # ddp on 2 ranks: 2 partial sums
+    # the error lands on "b", whose own float64 gap is tiny; the step's worst gap (on "a") sets the line
+    step = [_floored(0.0, 1e-4, "a"), _floored(0.5 * parts2 * 1e-4, 1e-9, "b")]
+    report = judge(_result([step]), "ddp", 2, "", None, None, False)
+    assert report.tolerance.rule == "measured" and report.passed
+    assert math.isclose(report.worst_ratio, 0.5, rel_tol=1e-2)
+    over = [_floored(0.0, 1e-4, "a"), _floored(2 * parts2 * 1e-4, 1e-9, "b")]
+    failed = judge(_result([over]), "ddp", 2, "", None, None, False)
+    assert not failed.passed and math.isclose(failed.worst_ratio, 2, rel_tol=1e-2)
+    assert "x the measured roundoff floor" in failed.failure_message()
+
+
+def test_measured_floor_never_shrinks_between_steps_and_kinds_stay_apart():
+    report = judge(_result([[_floored(0, 1e-3)], [_floored(0, 1e-6)], [_floored(0, 1e-5, kind="param")]]),
+                   "ddp", 2, "", None, None, False)
+    tol = report.tolerance
+    assert tol.rel_line(1, "grad") == tol.rel_line(0, "grad") == tol.rtol * 1e-3
+    assert tol.rel_line(2, "param") == tol.rtol * 1e-5
+    assert tol.rel_line(0, "loss") == tol.rtol * 1e-3, "a kind without a floor gets the run's loosest line"
+    # never below the dtype's own roundoff
+    tiny, _ = measure_tolerance([StepRecord(0, [_floored(0, 0.0)])], RunFacts("ddp", 2))
+    assert tiny.rel_line(0, "grad") == tiny.rtol * 1.19e-7
+
+
+def _twinned(norm_err, floor, twin, name="w", kind="grad", norm_ref=1.0):
+    e = _floored(norm_err, floor, name, kind, norm_ref)
+    e.twin = twin
+    return e
+
+
+def test_twin_sets_the_line_only_when_its_step_zero_loss_agrees():
+    """A kink flip moves gradients (here 4e-3, the shadow saw 2e-6) but not the loss: a twin that met
+    the same flip sets the line. A twin whose step-0 loss moved shares a model-level trap: ignored."""
+    loss_ok = _twinned(0.0, 1e-7, 1e-7, "loss", "loss")
+    steps = [[loss_ok, _twinned(1e-6, 1e-6, 1e-6)], [_twinned(4e-3, 2e-6, 4e-3)]]
+    report = judge(_result(steps), "ddp", 2, "", None, None, False)
+    assert report.passed and "float32 twin" in report.tolerance.source and not report.notes
+    moved = _twinned(0.0, 1e-7, 1e-2, "loss", "loss")  # e.g. BatchNorm statistics per shard
+    steps = [[moved, _twinned(1e-6, 1e-6, 1e-6)], [_twinned(4e-3, 2e-6, 4e-3)]]
+    report = judge(_result(steps), "ddp", 2, "", None, None, False)
+    assert not report.passed and report.first_divergence == 1
+    assert "not in the distributed run" in report.notes[0]
+
+
+def test_a_tensor_without_significant_digits_keeps_its_own_floor():
+    """A conv bias in front of a norm layer: true gradient 0, float32 and float64 both roundoff."""
+    bias = _floored(0.9e-9, 1e-9, "conv.bias", norm_ref=1e-9)  # gap ~ its size
+    weight = _floored(1e-3, 1e-6, "conv.weight")  # a real 1e-3 error, far above its 1e-6 floor
+    report = judge(_result([[bias, weight]]), "ddp", 2, "", None, None, False)
+    assert [e.name for _, e, _ in report.failures()] == ["conv.weight"], "the bias passes on its own floor"
+
+
+def test_no_shadow_falls_back_to_the_derived_rule_and_says_why():
+    result = _result([[_err(norm_err=1e-5)]], shadow_note="no float64 shadow (TypeError: float32 only)")
+    report = judge(result, "ddp", 2, "", None, None, False)
+    assert report.tolerance.rule == "derived" and report.passed
+    assert report.notes == ["judged by the derived rule: no float64 shadow (TypeError: float32 only)"]
+    assert "floor" not in report.format()
+
+
+def test_small_bugs_sit_far_above_a_step_zero_floor():
+    """A 1% loss scaling moves every gradient by 1e-2; the derived rule's 4.9e-4 catches it too, but
+    a 1.6e-4 shift (micro-batches out of order under MSE) passes the derived rule and not the measured
+    one, whose line at step 0 sits at MULTIPLE x sqrt(partial sums) x the float64 gap (~1e-6)."""
+    result = _result([[_floored(1.6e-4, 1e-6)]], strategy="pipeline", world_size=2, microbatches=2)
+    assert not judge(result, "pipeline", 2, "", None, None, False).passed
+    unshadowed = _result([[_err(norm_err=1.6e-4)]], strategy="pipeline", world_size=2, microbatches=2)
+    assert judge(unshadowed, "pipeline", 2, "", None, None, False).passed
+
+
 def test_strategies_and_their_options_resolve():
     assert set(STRATEGIES) == {"ddp", "fsdp", "dp", "model_parallel", "pipeline"}
     spec, opts = resolve("pipeline", {"schedule": "1F1B"})
@@ -273,3 +354,62 @@ def test_report_is_a_typed_result():
     assert report.per_step("max_abs") == [{"step": 0, "grad": 1e-9}]
     with pytest.raises(ValueError, match="metric"):
         report.per_step("median")
+
+
+SMALL_BUGS = MODELS + """
+from pytest_mgpu.parity import ParityError
+
+class Float32Only(nn.Module):
+    '''Hard-codes float32 (as some real models do): a float64 shadow of it cannot run.'''
+    def __init__(self):
+        super().__init__()
+        self.net = mlp()
+    def forward(self, x):
+        return self.net(x.float()).float() @ torch.eye(5)
+
+class OutOfOrder(nn.Module):
+    '''The bug of a hand-written pipeline: a micro-batch's outputs come back reversed.'''
+    def __init__(self):
+        super().__init__()
+        self.net = mlp()
+    def forward(self, x):
+        out = self.net(x)
+        return out.flip(0) if x.shape[0] < 8 else out
+
+def mse_onehot(out, y):
+    return nn.functional.mse_loss(out, nn.functional.one_hot(y, 5).to(out.dtype))
+
+def scaled_on_shards(out, y):
+    '''A loss scaled by 1.01 where the batch is a shard (the reference sees the whole batch).'''
+    loss = nn.functional.cross_entropy(out, y)
+    return loss * 1.01 if out.shape[0] < 8 else loss
+
+@pytest.mark.gpu2
+def test_float32_only_model_is_judged_by_the_derived_rule(dist):
+    report = dist.assert_parity("model_parallel", Float32Only, batch, steps=2)
+    assert "float64 shadow failed" in report.facts.shadow_note
+    assert report.tolerance.rule == "derived" and "judged by the derived rule" in report.notes[-1]
+
+@pytest.mark.gpu2
+def test_loss_scaled_by_one_percent_is_caught(dist):
+    with pytest.raises(ParityError) as e:
+        dist.assert_parity("ddp", mlp, batch, loss_fn=scaled_on_shards, steps=2)
+    report = e.value.report
+    assert report.first_divergence == 0 and report.worst_ratio > 10
+    assert "the twin was not trusted" in report.notes[0]
+    print("loss x1.01: worst error / line", report.worst_ratio)
+
+@pytest.mark.gpu2
+def test_micro_batches_out_of_order_under_mse_are_caught(dist):
+    with pytest.raises(ParityError) as e:
+        dist.assert_parity("pipeline", OutOfOrder, batch, loss_fn=mse_onehot, steps=1, split_size=4)
+    report = e.value.report
+    assert report.first_divergence == 0 and report.worst_ratio > 10
+    print("out of order: worst error / line", report.worst_ratio)
+"""
+
+
+def test_measured_line_catches_small_bugs_and_falls_back_without_a_shadow(pytester):
+    pytester.makepyfile(test_small_bugs=SMALL_BUGS)
+    result = pytester.runpytest("--mgpu-fallback=cpu", "-s")
+    result.assert_outcomes(passed=3)

@@ -2,8 +2,10 @@
 
 ``dist.assert_parity(strategy, model_fn, batch_fn, ...)`` (see ``engine.assert_parity``).
 """
-from .engine import ParityError, ParityReport, Tolerance, assert_parity, cross_entropy, sgd_momentum
+from .engine import assert_parity, cross_entropy, sgd_momentum
+from .report import ParityError, ParityReport
 from .strategies import STRATEGIES, StrategyError
+from .tolerance import Tolerance
 
 __all__ = [
     "STRATEGIES",

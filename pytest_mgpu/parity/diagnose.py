@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import TYPE_CHECKING, List
+from typing import List
 
 from tabulate import tabulate
 
 from .records import KINDS, RunFacts, TensorError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .engine import ParityReport
+from .tolerance import DATA_PARALLEL
 
 WORST_ROWS = 10
-DATA_PARALLEL = ("ddp", "fsdp", "dp")
 
 
 def _names(names: List[str], limit: int = 4) -> str:
@@ -32,18 +29,27 @@ def _e(x: float) -> str:
 
 
 def summary_table(report: "ParityReport") -> str:
-    """One row per step: the worst norm-wise relative error of each kind (what is judged)."""
+    """One row per step: the worst norm-wise relative error of each kind, the float64 floor, the
+    line, and how far along it the step's worst tensor is (what is judged)."""
     kinds = [k for k in KINDS if any(e.kind == k for r in report.records for e in r.errors)]
+    measured = report.tolerance.rule == "measured"
     rows = []
     bad_steps = {s for s, _, _ in report.failures()}
-    for rec in report.records:
+    for rec, line in zip(report.records, report.lines()):
         row = [rec.step]
         for k in kinds:
             errs = [e for e in rec.errors if e.kind == k]
             row.append(_e(max(e.rel for e in errs)) if errs else "-")
-        row.append("DIVERGED" if rec.step in bad_steps else "ok")
+        if measured:
+            row.append(_e(line.floor) if line.floor is not None else "-")
+        worst = f"{line.ratio:.3g}" if math.isfinite(line.ratio) else "inf"
+        if line.worst is not None and line.ratio > 0:
+            worst += f" ({line.worst.kind} {line.worst.name})"
+        row += [_e(line.line), worst, "DIVERGED" if rec.step in bad_steps else "ok"]
         rows.append(row)
-    return tabulate(rows, headers=["step"] + [f"{k} rel err" for k in kinds] + [""], tablefmt="simple")
+    headers = ["step"] + [f"{k} rel err" for k in kinds] + (["floor"] if measured else [])
+    headers += ["line", "worst / line", ""]
+    return tabulate(rows, headers=headers, tablefmt="simple")
 
 
 def divergence_table(report: "ParityReport") -> str:
@@ -53,17 +59,17 @@ def divergence_table(report: "ParityReport") -> str:
         return ""
     first = failures[0][0]
     rows = [(e, bound) for s, e, bound in failures if s == first]
-    rows.sort(key=lambda r: (r[0].norm_err / r[1]) if r[1] > 0 else math.inf, reverse=True)
+    rows.sort(key=lambda r: report.tolerance.ratio(r[0], first), reverse=True)
     table = []
     for e, bound in rows[:WORST_ROWS]:
         name = e.name + (f" (missing in {e.missing})" if e.missing else "")
         tol = bound / e.norm_ref if e.norm_ref > 0 else bound
         table.append([first, e.kind, name, "x".join(map(str, e.shape)) or "scalar", _e(e.max_abs),
-                      _e(e.max_rel), _e(e.rel), _e(tol)])
+                      _e(e.max_rel), _e(e.rel), _e(tol), f"{report.tolerance.ratio(e, first):.3g}"])
     more = f"\n... and {len(rows) - WORST_ROWS} more tensor(s) over tolerance at step {first}" \
         if len(rows) > WORST_ROWS else ""
     return tabulate(table, headers=["step", "kind", "name", "shape", "max abs err", "max rel err",
-                                    "norm rel err", "tolerance"], tablefmt="simple") + more
+                                    "norm rel err", "tolerance", "err / line"], tablefmt="simple") + more
 
 
 def _grad_scale(errors: List[TensorError]) -> float:
@@ -134,7 +140,7 @@ def likely_causes(report: "ParityReport") -> List[str]:
             f"unused parameters: {len(f.unused)} parameter(s) get no gradient ({_names(f.unused)}). "
             "DDP needs find_unused_parameters=True for them; compare them only if the model uses them."
         )
-    if not report.exact and report.facts.dtype in ("float16", "bfloat16", "tf32"):
+    if report.tolerance.rule == "derived" and report.facts.dtype in ("float16", "bfloat16", "tf32"):
         hints.append(
             f"{f.dtype} arithmetic: if the errors are just above the tolerance and grow slowly, they "
             "are rounding; pass rtol=/atol= (the tolerance source above says how it was derived)."

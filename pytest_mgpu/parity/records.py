@@ -73,6 +73,7 @@ class ParityJob:
     deterministic: bool
     world_size: int  # the test's world size: devices of a single-process strategy when emulated
     options: Dict[str, Any] = field(default_factory=dict)
+    shadow: bool = True  # train a float64 shadow of the reference (the measured tolerance needs it)
 
 
 @dataclass
@@ -91,6 +92,8 @@ class TensorError:
     numel: int = 0
     # ||reference - float64 shadow||_2: the model's own float32 roundoff at this step (NaN: no shadow)
     floor: float = math.nan
+    # ||reference - float32 twin in the strategy's summation order||_2 (NaN: no twin)
+    twin: float = math.nan
 
     @property
     def rel(self) -> float:
@@ -132,6 +135,8 @@ class RunFacts:
     stages: List[List[str]] = field(default_factory=list)  # top-level modules per stage
     exact: bool = False  # the strategy computes in the reference's order: bitwise is possible
     exact_note: str = ""  # why it is or is not
+    shadow_note: str = ""  # why there is no float64 shadow ("" when there is one)
+    twin_note: str = ""  # why there is no twin ("" when there is one)
 
 
 @dataclass

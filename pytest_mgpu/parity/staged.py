@@ -2,9 +2,9 @@
 in one process (stages on consecutive devices), and torch.distributed.pipelining across ranks."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
-from .strategies import Runner, _torch, batch_len, call_model, split_micro, tree_index, tree_to
+from .strategies import Runner, SumOrder, _torch, batch_len, call_model, split_micro, tree_index, tree_to
 
 
 def auto_split_points(model, n_stages: int) -> List[str]:
@@ -90,6 +90,10 @@ class StagedRunner(Runner):
         self.optimizer = optimizer_fn(model.parameters())
         self.split_size = opts.get("split_size")
 
+    def sum_order(self, batch: int) -> Optional[SumOrder]:
+        size = self.split_size
+        return SumOrder("concat", chunk=size) if size and size < batch else None
+
     def forward_backward(self, inputs, targets):
         torch = _torch()
         self.optimizer.zero_grad(set_to_none=True)
@@ -155,6 +159,9 @@ class DistributedPipelineRunner(Runner):
         params = list(stage_mod.parameters())
         self.optimizer = optimizer_fn(params) if params else None  # a stage of only ReLUs and pools
         self.device = dev
+
+    def sum_order(self, batch: int) -> Optional[SumOrder]:
+        return SumOrder("microbatches", self.microbatches) if self.microbatches > 1 else None
 
     def optimizer_step(self):
         if self.optimizer is not None:

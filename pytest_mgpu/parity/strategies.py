@@ -194,6 +194,22 @@ def split_micro(tree, n: int) -> list:
     return [tree_index(tree, slice(int(p[0]), int(p[-1]) + 1)) for p in parts if len(p)]
 
 
+@dataclass(frozen=True)
+class SumOrder:
+    """How a strategy splits the global batch, so that a float32 twin of the reference can add the
+    same partial sums in the same order in one process (see ``parity.shadow.Twin``).
+
+    "shards": ``parts`` DistributedSampler shards, each in ``accumulate`` micro-batches, every loss
+    divided by parts x accumulate before backward (DDP, FSDP); "concat": forward in chunks of
+    ``chunk`` samples, outputs concatenated, one loss (the seed's pipeline, DataParallel);
+    "microbatches": ``parts`` micro-batches, each loss divided by parts (pipelining schedules)."""
+
+    kind: str
+    parts: int = 1
+    accumulate: int = 1
+    chunk: int = 0
+
+
 class Runner:
     """One strategy inside one rank. The worker calls, every step: forward_backward, grads,
     optimizer_step, params, buffers. Dict-returning methods are collective where the strategy needs
@@ -211,6 +227,10 @@ class Runner:
 
     def forward_backward(self, inputs, targets):  # -> (global loss as a 0-d tensor or float, output)
         raise NotImplementedError
+
+    def sum_order(self, batch: int) -> Optional[SumOrder]:
+        """How this strategy splits a global batch of ``batch``; None: in the reference's order."""
+        return None
 
     def optimizer_step(self):
         self.optimizer.step()
@@ -268,6 +288,11 @@ class DDPRunner(_ShardedRunner):
         self.optimizer = optimizer_fn(self.ddp.parameters())
         self.microbatches = opts["accumulate"]
 
+    def sum_order(self, batch: int) -> Optional[SumOrder]:
+        if self.world_size * self.microbatches == 1:
+            return None
+        return SumOrder("shards", self.world_size, self.microbatches)
+
     def forward_backward(self, inputs, targets):
         self.optimizer.zero_grad(set_to_none=True)
         x, y = self._my_shard(inputs, targets)
@@ -317,6 +342,9 @@ class FSDPRunner(_ShardedRunner):
             )
             self.module = self.wrapped
         self.optimizer = optimizer_fn(self.wrapped.parameters())
+
+    def sum_order(self, batch: int) -> Optional[SumOrder]:
+        return SumOrder("shards", self.world_size) if self.world_size > 1 else None
 
     @staticmethod
     def _shard_names(model, spec) -> List[str]:
@@ -385,6 +413,10 @@ class DPRunner(Runner):
         self.dp = torch.nn.DataParallel(self.module, device_ids=ids)
         self.optimizer = optimizer_fn(self.module.parameters())
         self.shard_sizes = []
+
+    def sum_order(self, batch: int) -> Optional[SumOrder]:
+        n = len(self.dp.device_ids)
+        return SumOrder("concat", chunk=-(-batch // n)) if n > 1 else None
 
     def forward_backward(self, inputs, targets):
         self.optimizer.zero_grad(set_to_none=True)

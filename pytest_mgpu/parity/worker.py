@@ -18,6 +18,7 @@ import os
 from typing import Dict, List, Optional
 
 from .records import ParityJob, RankResult, RunFacts, StepRecord, TensorError
+from .shadow import Shadow, Twin, attach_floors
 from .strategies import STRATEGIES, call_model, exactness, make_runner, tree_to
 
 
@@ -151,6 +152,91 @@ def run_parity(job: ParityJob) -> Optional[RankResult]:
         return _run(job)
 
 
+class _Reference:
+    """Rank 0's one-device reference, its float64 shadow, and what they learn about the model.
+
+    The reference must not consume the strategy's random numbers, and the shadow must draw the
+    reference's (same dropout masks, as far as the dtype allows): both run under ``fork_rng``,
+    which restores the state on the way out, so each starts from the state the strategy sees."""
+
+    def __init__(self, job: ParityJob, model_fn, optimizer_fn, loss_fn, ctx, device, world: int):
+        import torch
+
+        self.device, self.loss_fn = device, loss_fn
+        self.model = build_model(model_fn, ctx.seed).to(device)
+        self.optimizer = optimizer_fn(self.model.parameters())
+        self.facts = model_facts(self.model, loss_fn, job, world, device)
+        self.rng_devices = [device.index] if device.type == "cuda" else []
+        self.shadow = self.twin = None
+        self.optimizer_fn = optimizer_fn
+        if not job.shadow:
+            self.facts.shadow_note = "not asked for (rtol/atol given)"
+        elif self.facts.dtype == "float64":
+            self.facts.shadow_note = "the model is float64 already: nothing more precise to shadow it with"
+        else:
+            self.shadow, self.facts.shadow_note = Shadow.build(self.model, optimizer_fn)
+        self.loss = self.out = None
+        self._torch = torch
+
+    def attach_twin(self, runner, example, job: ParityJob) -> None:
+        """Before the first step: the strategy's summation order decides whether a twin can differ."""
+        from .strategies import batch_len
+
+        order = runner.sum_order(batch_len(example[0]))
+        if not job.shadow:
+            self.facts.twin_note = "not asked for (rtol/atol given)"
+        elif order is None:
+            self.facts.twin_note = "the strategy adds in the reference's order"
+        else:
+            self.twin, self.facts.twin_note = Twin.build(self.model, self.optimizer_fn, order)
+
+    def _companions(self):
+        return [c for c in (self.shadow, self.twin) if c is not None]
+
+    def forward_backward(self, inputs, targets, step: int) -> None:
+        with self._torch.random.fork_rng(devices=self.rng_devices):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.out = call_model(self.model, tree_to(inputs, self.device))
+            self.loss = self.loss_fn(self.out, tree_to(targets, self.out.device))
+            self.loss.backward()
+        for companion in self._companions():
+            with self._torch.random.fork_rng(devices=self.rng_devices):
+                companion.forward_backward(call_model, self.loss_fn, inputs, targets, self.device)
+        self.facts.batch_sizes.append(int(self.out.shape[0]) if self.out.dim() else 0)
+        if step == 0:
+            self.facts.unused = [n for n, p in self.model.named_parameters() if p.requires_grad and p.grad is None]
+
+    def measure_before_step(self, rec: StepRecord, runner, loss, out, grads) -> None:
+        loss_t = self._torch.as_tensor(loss).reshape(()).to(self.device, self.loss.dtype)
+        rec.errors.append(tensor_error("loss", "loss", loss_t, self.loss.detach().reshape(())))
+        if out is not None and runner.outputs_comparable:
+            rec.errors.append(tensor_error("output", "output", out, self.out.detach()))
+        rec.errors += compare("grad", grads, {n: p.grad for n, p in self.model.named_parameters()})
+        self.gaps = [c.gaps_before_step(self.loss, self.out, self.model) if c else {}
+                     for c in (self.shadow, self.twin)]
+
+    def step(self) -> None:
+        self.optimizer.step()
+        for companion in self._companions():
+            companion.step()
+
+    def measure_after_step(self, rec: StepRecord, params, buffers) -> None:
+        rec.errors += compare("param", params, dict(self.model.named_parameters()))
+        if buffers is not None:
+            rec.errors += compare("buffer", buffers, dict(self.model.named_buffers()))
+        after = [c.gaps_after_step(self.model) if c else {} for c in (self.shadow, self.twin)]
+        attach_floors(rec, {**self.gaps[0], **after[0]}, {**self.gaps[1], **after[1]})
+
+    def finish(self, records: List[StepRecord]) -> None:
+        """A companion that failed at any step judges no step (the report says why)."""
+        for companion, note in ((self.shadow, "shadow_note"), (self.twin, "twin_note")):
+            if companion is not None and companion.failed:
+                setattr(self.facts, note, companion.failed)
+                for rec in records:
+                    for e in rec.errors:
+                        setattr(e, "floor" if note == "shadow_note" else "twin", math.nan)
+
+
 def _run(job: ParityJob) -> Optional[RankResult]:
     import torch
 
@@ -165,55 +251,34 @@ def _run(job: ParityJob) -> Optional[RankResult]:
         ref_device = torch.device("cuda", ctx.devices[0])
     else:
         ref_device = ctx.device()
-    if single:
-        world = len(ctx.devices) if ctx.device_type == "cuda" else job.world_size
-    else:
-        world = ctx.world_size
-    lead = ctx.rank == 0
-
+    world = (len(ctx.devices) if ctx.device_type == "cuda" else job.world_size) if single else ctx.world_size
     example = batch_fn(0)
-    ref = ref_opt = facts = None
-    if lead:
-        ref = build_model(model_fn, ctx.seed).to(ref_device)
-        ref_opt = optimizer_fn(ref.parameters())
-        facts = model_facts(ref, loss_fn, job, world, ref_device)
+    ref = _Reference(job, model_fn, optimizer_fn, loss_fn, ctx, ref_device, world) if ctx.rank == 0 else None
     runner = make_runner(job.strategy, job.options, build_model(model_fn, ctx.seed), ctx, loss_fn,
                          optimizer_fn, example, world)
-    rng_devices = [ref_device.index] if ref_device.type == "cuda" else []
+    if ref:
+        ref.attach_twin(runner, example, job)
     records: List[StepRecord] = []
     for step in range(job.steps):
         inputs, targets = example if step == 0 else batch_fn(step)
         rec = StepRecord(step)
-        if lead:
-            # the reference must not consume the strategy's random numbers
-            with torch.random.fork_rng(devices=rng_devices):
-                ref_opt.zero_grad(set_to_none=True)
-                ref_out = call_model(ref, tree_to(inputs, ref_device))
-                ref_loss = loss_fn(ref_out, tree_to(targets, ref_out.device))
-                ref_loss.backward()
-            facts.batch_sizes.append(int(ref_out.shape[0]) if ref_out.dim() else 0)
-            if step == 0:
-                facts.unused = [n for n, p in ref.named_parameters() if p.requires_grad and p.grad is None]
+        if ref:
+            ref.forward_backward(inputs, targets, step)
         loss, out = runner.forward_backward(inputs, targets)
         grads = runner.grads()
-        if lead:
-            loss_t = torch.as_tensor(loss).reshape(()).to(ref_device, ref_loss.dtype)
-            rec.errors.append(tensor_error("loss", "loss", loss_t, ref_loss.detach().reshape(())))
-            if out is not None and runner.outputs_comparable:
-                rec.errors.append(tensor_error("output", "output", out, ref_out.detach()))
-            rec.errors += compare("grad", grads, {n: p.grad for n, p in ref.named_parameters()})
+        if ref:
+            ref.measure_before_step(rec, runner, loss, out, grads)
+            ref.step()
         runner.optimizer_step()
-        if lead:
-            ref_opt.step()
         params = runner.params()
         buffers = runner.buffers() if job.options.get("check_buffers", True) else None
-        if lead:
-            rec.errors += compare("param", params, dict(ref.named_parameters()))
-            if buffers is not None:
-                rec.errors += compare("buffer", buffers, dict(ref.named_buffers()))
+        if ref:
+            ref.measure_after_step(rec, params, buffers)
             records.append(rec)
-    if not lead:
+    if not ref:
         return None
+    ref.finish(records)
+    facts = ref.facts
     facts.microbatches = runner.microbatches
     facts.shard_sizes = list(runner.shard_sizes)
     facts.stages = [list(s) for s in runner.stages]

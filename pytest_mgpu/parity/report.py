@@ -1,0 +1,129 @@
+"""The outcome of a parity run: every measured error, the tolerance that judged it, and the words.
+
+``ParityReport`` keeps the bookkeeping (which tensors fail, how far along the line each step is);
+``diagnose`` renders it (tables, likely causes), as torch.utils.benchmark's ``Compare`` keeps its
+bookkeeping apart from rendering.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+from . import diagnose
+from .records import KINDS, RunFacts, StepRecord, TensorError
+from .tolerance import Tolerance
+
+
+@dataclass(frozen=True)
+class StepLine:
+    """One step against the line: the pooled float64 floor, the worst error, how far along it is."""
+
+    step: int
+    floor: Optional[float]  # the measured relative floor of the worst tensor's kind (None: not measured)
+    line: float  # the relative line of the worst tensor's kind at this step
+    worst: Optional[TensorError]  # the tensor closest to (or furthest past) its line
+    ratio: float  # worst error / its bound: <= 1 passes
+
+
+class ParityError(AssertionError):
+    """The strategy diverged from one device; ``.report`` holds every measured error."""
+
+    def __init__(self, message: str, report: "ParityReport"):
+        super().__init__(message)
+        self.report = report
+
+
+@dataclass
+class ParityReport:
+    """Every measured error of a parity run, and the judgement. ``format()`` is the per-step table."""
+
+    strategy: str
+    world_size: int
+    where: str  # e.g. "2 x cpu (gloo, emulated)"
+    tolerance: Tolerance
+    records: List[StepRecord]
+    facts: RunFacts
+    notes: List[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        return f"{self.facts.strategy} on {self.where}"
+
+    def failures(self) -> List[Tuple[int, TensorError, float]]:
+        """(step, error, bound on ||strategy - reference||) of every tensor over tolerance."""
+        return [(rec.step, e, self.tolerance.bound(e, rec.step)) for rec in self.records for e in rec.errors
+                if not self.tolerance.passes(e, rec.step)]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures()
+
+    @property
+    def first_divergence(self) -> Optional[int]:
+        f = self.failures()
+        return f[0][0] if f else None
+
+    def lines(self) -> List[StepLine]:
+        """Per step: the floor, the worst tensor relative to its line, and the ratio."""
+        out = []
+        for rec in self.records:
+            ratios = [(self.tolerance.ratio(e, rec.step), e) for e in rec.errors]
+            ratio, worst = max(ratios, key=lambda r: r[0], default=(0.0, None))
+            kind = worst.kind if worst is not None and ratio > 0 else "grad"
+            out.append(StepLine(rec.step, self.tolerance.floors.get((rec.step, kind)),
+                                self.tolerance.rel_line(rec.step, kind), worst, ratio))
+        return out
+
+    @property
+    def worst_ratio(self) -> float:
+        """The largest error / bound over every step and tensor: how close the run came to failing."""
+        return max((line.ratio for line in self.lines()), default=0.0)
+
+    def errors(self, kind: Optional[str] = None, step: Optional[int] = None) -> List[TensorError]:
+        if kind is not None and kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        return [e for r in self.records if step is None or r.step == step
+                for e in r.errors if kind is None or e.kind == kind]
+
+    def max_abs(self, kind: Optional[str] = None, step: Optional[int] = None) -> float:
+        return max((e.max_abs for e in self.errors(kind, step)), default=0.0)
+
+    def max_rel(self, kind: Optional[str] = None, step: Optional[int] = None) -> float:
+        """Worst elementwise error relative to the tensor's max |reference|."""
+        return max((e.max_rel for e in self.errors(kind, step)), default=0.0)
+
+    def rel(self, kind: Optional[str] = None, step: Optional[int] = None) -> float:
+        """Worst norm-wise relative error ||strategy - reference|| / ||reference|| (what is judged)."""
+        return max((e.rel for e in self.errors(kind, step)), default=0.0)
+
+    def per_step(self, metric: str = "rel") -> List[dict]:
+        """The worst error of each kind, per step: ``metric`` is "rel" (norm-wise, judged),
+        "max_rel" or "max_abs". What a test prints or asserts on."""
+        get = {"rel": self.rel, "max_rel": self.max_rel, "max_abs": self.max_abs}.get(metric)
+        if get is None:
+            raise ValueError(f"metric must be 'rel', 'max_rel' or 'max_abs', got {metric!r}")
+        return [{"step": r.step, **{k: get(k, r.step) for k in KINDS if self.errors(k, r.step)}}
+                for r in self.records]
+
+    @property
+    def exact(self) -> bool:
+        """Bitwise equality was demanded."""
+        return self.tolerance.rule == "bitwise" or (self.tolerance.rtol == 0 and self.tolerance.atol == 0)
+
+    @property
+    def bitwise(self) -> bool:
+        return all(e.max_abs == 0 for e in self.errors())
+
+    def format(self) -> str:
+        verdict = "matches" if self.passed else "DIVERGES from"
+        judged = "bitwise equal" if self.bitwise else "tolerance " + self.tolerance.describe()
+        head = f"parity: {self.describe()} {verdict} one device over {len(self.records)} step(s); {judged}"
+        worst = self.worst_ratio
+        if not self.bitwise and math.isfinite(worst):
+            head += f"; worst error / line: {worst:.3g}"
+        body = [head, diagnose.summary_table(self)]
+        body += [f"note: {n}" for n in self.notes]
+        return "\n".join(body)
+
+    def failure_message(self) -> str:
+        return diagnose.failure_message(self)

@@ -1,0 +1,194 @@
+"""The line a correct strategy stays within: measured from the model's own roundoff where a float64
+shadow of the reference ran, derived from the dtype where none could, or given by the user.
+
+The measured rule, per step s and kind k (loss, output, grad, param, buffer):
+
+    floor(s, k) = max over steps <= s, max over tensors t of kind k:  ||ref32_t - ref64_t|| / ||ref_t||
+    line_t      = MULTIPLE x sqrt(partial sums reordered) x max(floor(s, k), eps) x ||ref_t||
+
+Why pooled (max over the step's tensors of a kind) and not tensor by tensor: roundoff is amplified
+by ReLU/ReLU6 kinks that flip at random, so WHICH tensor carries a step's largest error differs
+between two valid float32 computations (in a real DDP run of MobileNetV2-GN the worst tensor was a
+144x1x3x3 depthwise conv that was not the worst in the float32/float64 comparison). The step's worst
+gap measures how far the model lets roundoff grow at that step; a correct strategy's errors, wherever
+they land, stay near it. Why a running max over steps: the amplification does not shrink back
+within a few steps, and one shadow's draw of kinks can be luckier at step s than at s-1.
+Why sqrt(partial sums): a strategy that splits a sum over W shards or M micro-batches adds
+roundoff of its own that grows like its square root (as the derived rule has it).
+MULTIPLE is measured: see ``benchmarks/parity_calibration.py`` and the note on it below.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Literal, Optional, Tuple
+
+from .records import RunFacts, StepRecord, TensorError
+
+# Unit roundoff of each dtype (torch.finfo(dtype).eps); "tf32" is fp32 on TF32 tensor cores.
+EPS = {"float64": 2.22e-16, "float32": 1.19e-7, "tf32": 9.77e-4, "bfloat16": 7.81e-3, "float16": 9.77e-4}
+# atol only matters for tensors whose reference is ~0 (unused or dead parameters).
+ATOL_FACTOR = 1e-3
+# How far above the float64 gap a correct strategy may land (times sqrt(partial sums)). Measured by
+# benchmarks/parity_calibration.py over a zoo of correct configurations (MLP, CNN-GN, ResNet18/50
+# GN and eval-BN, MobileNetV2-GN, a Transformer encoder; DDP/FSDP x2/x4, model parallel, pipelines;
+# 4 steps; several seeds; torch threads 1 and 2): see README "Gradient parity" for the figures.
+MULTIPLE = 16.0
+DATA_PARALLEL = ("ddp", "fsdp", "dp")
+
+Rule = Literal["measured", "derived", "given", "bitwise"]
+
+
+def partial_sums(facts: RunFacts) -> int:
+    """How many partial sums the strategy adds up in another order than one device does."""
+    if facts.exact:
+        return 1
+    base = facts.strategy.split("/")[0]
+    parts = facts.world_size if base in DATA_PARALLEL else 1
+    return max(1, parts * max(1, facts.microbatches))
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """A tensor passes when ||strategy - reference|| <= atol * sqrt(numel) + rtol * ||reference||,
+    with rtol (and atol) per step and kind under the measured rule.
+
+    Norm-wise, because elementwise errors mislead both ways: near-zero entries show huge relative
+    errors from roundoff (DDP's fp32 grads: 1e-4 relative there, 1e-8 absolute), and a flipped ReLU
+    moves a few elements by far more than the rest. The table shows both; the norm-wise one is judged."""
+
+    rtol: float  # the relative line (derived, given); under "measured", the multiple of the floor
+    atol: float
+    source: str
+    rule: Rule = "given"
+    floors: Dict[Tuple[int, str], float] = field(default_factory=dict)  # (step, kind) -> pooled floor
+    minimum: float = 0.0  # the smallest relative floor the measured rule assumes (the dtype's eps)
+    own: Dict[Tuple[int, str, str], float] = field(default_factory=dict)  # (step, kind, name) -> its own
+
+    def rel_line(self, step: Optional[int] = None, kind: Optional[str] = None, name: str = "") -> float:
+        """The relative line ||strategy - reference|| / ||reference|| at this step for this kind
+        (and tensor: one whose own measured floor is higher keeps it)."""
+        if self.rule != "measured":
+            return self.rtol
+        floor = self.floors.get((step, kind)) if step is not None else None
+        if floor is None:  # a step or kind nothing was measured for: the loosest line of the run
+            floor = max(self.floors.values(), default=self.minimum)
+        return self.rtol * max(floor, self.own.get((step, kind, name), 0.0), self.minimum)
+
+    def bound(self, e: TensorError, step: Optional[int] = None) -> float:
+        """The largest ||strategy - reference|| this tensor may have."""
+        rel = self.rel_line(step, e.kind, e.name)
+        atol = rel * ATOL_FACTOR if self.rule == "measured" else self.atol
+        return atol * math.sqrt(max(1, e.numel)) + rel * e.norm_ref
+
+    def passes(self, e: TensorError, step: Optional[int] = None) -> bool:
+        if self.rule == "bitwise" or (self.rtol == 0 and self.atol == 0):
+            return e.max_abs == 0
+        return math.isfinite(e.norm_err) and e.norm_err <= self.bound(e, step)
+
+    def ratio(self, e: TensorError, step: Optional[int] = None) -> float:
+        """How far along the line this tensor is: error / bound (1 is the line; > 1 fails)."""
+        if e.norm_err == 0 and e.max_abs == 0:
+            return 0.0
+        bound = self.bound(e, step)
+        return e.norm_err / bound if bound > 0 and math.isfinite(e.norm_err) else math.inf
+
+    def describe(self) -> str:
+        if self.rule == "bitwise" or (self.rtol == 0 and self.atol == 0):
+            return f"bitwise ({self.source})"
+        if self.rule == "measured":
+            return f"{self.rtol:.3g} x the measured roundoff floor of each step ({self.source})"
+        return f"rtol={self.rtol:.3g}, atol={self.atol:.3g} ({self.source})"
+
+
+def derive_tolerance(facts: RunFacts, steps: int = 0) -> Tolerance:
+    """rtol = sqrt(eps(dtype)) * sqrt(partial sums reordered): the rule where no shadow ran.
+
+    sqrt(eps): half the significant digits survive a few training steps of a deep network. It is a
+    guess, not a measurement: it sits 4x below MobileNetV2-GN's own float32 noise at step 1 and far
+    above a small real bug at step 0, which is why a float64 shadow judges wherever one can run."""
+    eps = EPS.get(facts.dtype, EPS["float32"])
+    parts = partial_sums(facts)
+    rtol = math.sqrt(eps) * math.sqrt(parts)
+    why = f"derived: sqrt({facts.dtype} eps {eps:.3g})"
+    if parts > 1:
+        why += f" x sqrt({parts} partial sums)"
+    return Tolerance(rtol, rtol * ATOL_FACTOR, why, "derived")
+
+
+# A tensor whose reference and companion differ by more than this fraction of its size carries no
+# significant digits (a conv bias in front of a norm layer: its true gradient is 0, its float32 and
+# float64 values are both roundoff, gap/size ~1). Its relative gap says nothing about the model's
+# conditioning, so it keeps its own floor and does not set the line of the others. Kink flips stay
+# below it: measured on ResNet18-GN, the largest gap of a flipped step was 6% (median 3.5%).
+SIGNIFICANT = 0.1
+
+
+def pooled_floors(records: Iterable[StepRecord], attr: str = "floor"
+                  ) -> Tuple[Dict[Tuple[int, str], float], Dict[Tuple[int, str, str], float]]:
+    """Running maxima of the relative gaps (``attr``: "floor" for the float64 shadow, "twin" for the
+    twin): per (step, kind) over the tensors with significant digits, and per tensor."""
+    pooled: Dict[Tuple[int, str], float] = {}
+    own: Dict[Tuple[int, str, str], float] = {}
+    worst: Dict[str, float] = {}
+    mine: Dict[Tuple[str, str], float] = {}
+    for rec in records:
+        for e in rec.errors:
+            gap = getattr(e, attr)
+            if not (math.isfinite(gap) and e.norm_ref > 0 and math.isfinite(e.norm_ref)):
+                continue
+            rel = gap / e.norm_ref
+            mine[(e.kind, e.name)] = max(mine.get((e.kind, e.name), 0.0), rel)
+            if rel <= SIGNIFICANT:
+                worst[e.kind] = max(worst.get(e.kind, 0.0), rel)
+            else:
+                worst.setdefault(e.kind, 0.0)
+        for kind, value in worst.items():
+            pooled[(rec.step, kind)] = value
+        for (kind, name), value in mine.items():
+            own[(rec.step, kind, name)] = value
+    return pooled, own
+
+
+def twin_qualifies(records: List[StepRecord], shadow: Dict[Tuple[int, str], float], facts: RunFacts,
+                   multiple: float) -> Tuple[bool, str]:
+    """Whether the twin (the strategy's summation order in one process) may set the line.
+
+    A kink flip is continuous in the forward pass, so it leaves the loss where it was; a model-level
+    trap the twin shares with the strategy (BatchNorm per shard, dropout, a 'sum' loss, padding, a
+    loss that depends on the batch size) moves it. So the twin counts only if its step-0 loss is
+    within the line that the shadow (or, without one, the derived rule) draws for the loss."""
+    first = records[0] if records else None
+    loss = next((e for e in (first.errors if first else []) if e.kind == "loss"), None)
+    if loss is None or not math.isfinite(loss.twin):
+        return False, ""
+    eps = EPS.get(facts.dtype, EPS["float32"])
+    rel = multiple * max(shadow.get((0, "loss"), 0.0), eps) if shadow else derive_tolerance(facts).rtol
+    if loss.twin <= rel * loss.norm_ref:
+        return True, ""
+    gap = loss.twin / loss.norm_ref if loss.norm_ref > 0 else math.inf
+    return False, (f"the model alone, split as the strategy splits the batch, already moves the step-0 loss "
+                   f"by {gap:.3g} (relative) in one process: the cause is in the model or the loss, not in "
+                   "the distributed run")
+
+
+def _merge(a: Dict, b: Dict) -> Dict:
+    return {key: max(a.get(key, 0.0), b.get(key, 0.0)) for key in set(a) | set(b)}
+
+
+def measure_tolerance(records: Iterable[StepRecord], facts: RunFacts) -> Tuple[Optional[Tolerance], str]:
+    """The measured rule (or None where nothing was measured), and a note on the twin."""
+    records = list(records)
+    shadow, shadow_own = pooled_floors(records, "floor")
+    parts = partial_sums(facts)
+    multiple = MULTIPLE * math.sqrt(parts)
+    trusted, note = twin_qualifies(records, shadow, facts, multiple)
+    twin, twin_own = pooled_floors(records, "twin") if trusted else ({}, {})
+    floors = _merge(shadow, twin)
+    if not floors:
+        return None, note
+    used = " and ".join(w for w, f in (("float64 shadow", shadow), ("float32 twin in the strategy's order", twin)) if f)
+    why = f"measured: reference vs {used}, pooled per step; {MULTIPLE:g}"
+    why += f" x sqrt({parts} partial sums)" if parts > 1 else ""
+    eps = EPS.get(facts.dtype, EPS["float32"])
+    return Tolerance(multiple, 0.0, why, "measured", floors, eps, _merge(shadow_own, twin_own)), note
