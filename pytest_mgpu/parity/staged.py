@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
-from .strategies import Runner, SumOrder, _torch, batch_len, call_model, split_micro, tree_index, tree_to
+from .strategies import DDPRunner, DPRunner, FSDPRunner, Runner, SumOrder, batch_len, call_model, split_micro, tree_index, tree_to
 
 
 def auto_split_points(model, n_stages: int) -> List[str]:
@@ -77,7 +77,7 @@ class StagedRunner(Runner):
 
     def __init__(self, model, opts, ctx, loss_fn, optimizer_fn, example, world):
         super().__init__(model, opts, ctx, loss_fn, optimizer_fn, example, world)
-        torch = _torch()
+        import torch
         if ctx.device_type == "cuda" and ctx.devices:
             devices = [torch.device("cuda", i) for i in ctx.devices]
         else:
@@ -95,7 +95,7 @@ class StagedRunner(Runner):
         return SumOrder("concat", chunk=size) if size and size < batch else None
 
     def forward_backward(self, inputs, targets):
-        torch = _torch()
+        import torch
         self.optimizer.zero_grad(set_to_none=True)
         b = batch_len(inputs)
         size = self.split_size or b
@@ -118,7 +118,7 @@ class DistributedPipelineRunner(Runner):
         super().__init__(model, opts, ctx, loss_fn, optimizer_fn, example, world)
         import torch.distributed.pipelining as pp
 
-        torch = _torch()
+        import torch
         dev = ctx.device()
         inputs, _ = example
         b = batch_len(inputs)
@@ -170,7 +170,7 @@ class DistributedPipelineRunner(Runner):
     def forward_backward(self, inputs, targets):
         import torch.distributed as dist
 
-        torch = _torch()
+        import torch
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
         first, last = self.rank == 0, self.rank == self.world_size - 1
@@ -206,3 +206,16 @@ class DistributedPipelineRunner(Runner):
 
     def buffers(self):
         return self._gather(lambda m: dict(m.named_buffers()))
+
+
+def make_runner(name: str, opts, model, ctx, loss_fn, optimizer_fn, example, world: int) -> Runner:
+    """The runner of strategy ``name`` (the registry's names), inside a rank."""
+    if name == "ddp":
+        cls = DDPRunner
+    elif name == "fsdp":
+        cls = FSDPRunner
+    elif name == "dp":
+        cls = DPRunner
+    else:
+        cls = DistributedPipelineRunner if opts.get("schedule") else StagedRunner
+    return cls(model, opts, ctx, loss_fn, optimizer_fn, example, world)

@@ -426,17 +426,3 @@ class DPRunner(Runner):
         loss = self.loss_fn(out, tree_to(targets, out.device))
         loss.backward()
         return loss.detach(), out.detach()
-
-
-def make_runner(name: str, opts, model, ctx, loss_fn, optimizer_fn, example, world: int) -> Runner:
-    if name == "ddp":
-        cls = DDPRunner
-    elif name == "fsdp":
-        cls = FSDPRunner
-    elif name == "dp":
-        cls = DPRunner
-    else:
-        from .staged import DistributedPipelineRunner, StagedRunner
-
-        cls = DistributedPipelineRunner if opts.get("schedule") else StagedRunner
-    return cls(model, opts, ctx, loss_fn, optimizer_fn, example, world)

@@ -19,7 +19,8 @@ from typing import Dict, List, Optional
 
 from .records import ParityJob, RankResult, RunFacts, StepRecord, TensorError
 from .shadow import Shadow, Twin, attach_floors
-from .strategies import STRATEGIES, call_model, exactness, make_runner, tree_to
+from .staged import make_runner
+from .strategies import STRATEGIES, call_model, exactness, tree_to
 
 
 @contextlib.contextmanager
