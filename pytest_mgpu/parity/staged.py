@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
-from .strategies import DDPRunner, DPRunner, FSDPRunner, Runner, SumOrder, batch_len, call_model, split_micro, tree_index, tree_to
+from .strategies import (DDPRunner, DPRunner, FSDPRunner, Runner, SumOrder, batch_len, call_model, split_micro,
+                         tree_index, tree_to)
 
 
 def auto_split_points(model, n_stages: int) -> List[str]:
