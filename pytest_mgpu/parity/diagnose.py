@@ -164,13 +164,15 @@ def failure_message(report: "ParityReport") -> str:
         f"{report.describe()} diverges from one device at step {first} (of {len(report.records)}): "
         f"{n_bad} of {n_all} tensors exceed the tolerance",
         f"tolerance: {report.tolerance.describe()}",
+        *[f"note: {n}" for n in report.notes],
         "",
         divergence_table(report),
         "",
         "max rel err = max |strategy - reference| / max |reference|; norm rel err = ||strategy - "
         "reference|| / ||reference||, judged against the tolerance",
         "",
-        "per step, worst norm rel err:",
+        "per step: the worst norm rel err of each kind; the floor and line of the worst tensor's kind; "
+        "worst / line (> 1 fails):",
         summary_table(report),
         "",
         "likely causes:",

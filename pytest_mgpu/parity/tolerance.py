@@ -150,8 +150,20 @@ def pooled_floors(records: Iterable[StepRecord], attr: str = "floor"
     return pooled, own
 
 
-def twin_qualifies(records: List[StepRecord], shadow: Dict[Tuple[int, str], float], facts: RunFacts,
-                   multiple: float) -> Tuple[bool, str]:
+def twin_loss_agrees(twin_gap: float, loss: float, shadow_rel: Optional[float], facts: RunFacts) -> bool:
+    """The twin's step-0 loss is within the loss line (``shadow_rel``: the shadow's relative loss
+    gap; None without a shadow, then the derived rule draws it). Used by the judge and, to retire
+    the shadow early, by rank 0."""
+    eps = EPS.get(facts.dtype, EPS["float32"])
+    if shadow_rel is None:
+        rel = derive_tolerance(facts).rtol
+    else:
+        rel = MULTIPLE * math.sqrt(partial_sums(facts)) * max(shadow_rel, eps)
+    return math.isfinite(twin_gap) and twin_gap <= rel * abs(loss)
+
+
+def twin_qualifies(records: List[StepRecord], shadow: Dict[Tuple[int, str], float],
+                   facts: RunFacts) -> Tuple[bool, str]:
     """Whether the twin (the strategy's summation order in one process) may set the line.
 
     A kink flip is continuous in the forward pass, so it leaves the loss where it was; a model-level
@@ -162,9 +174,8 @@ def twin_qualifies(records: List[StepRecord], shadow: Dict[Tuple[int, str], floa
     loss = next((e for e in (first.errors if first else []) if e.kind == "loss"), None)
     if loss is None or not math.isfinite(loss.twin):
         return False, ""
-    eps = EPS.get(facts.dtype, EPS["float32"])
-    rel = multiple * max(shadow.get((0, "loss"), 0.0), eps) if shadow else derive_tolerance(facts).rtol
-    if loss.twin <= rel * loss.norm_ref:
+    shadow_gap = shadow.get((0, "loss")) if shadow else None
+    if twin_loss_agrees(loss.twin, loss.norm_ref, shadow_gap, facts):
         return True, ""
     gap = loss.twin / loss.norm_ref if loss.norm_ref > 0 else math.inf
     return False, (f"the model alone, split as the strategy splits the batch, already moves the step-0 loss "
@@ -182,7 +193,7 @@ def measure_tolerance(records: Iterable[StepRecord], facts: RunFacts) -> Tuple[O
     shadow, shadow_own = pooled_floors(records, "floor")
     parts = partial_sums(facts)
     multiple = MULTIPLE * math.sqrt(parts)
-    trusted, note = twin_qualifies(records, shadow, facts, multiple)
+    trusted, note = twin_qualifies(records, shadow, facts)
     twin, twin_own = pooled_floors(records, "twin") if trusted else ({}, {})
     floors = _merge(shadow, twin)
     if not floors:
