@@ -51,8 +51,9 @@ class CallWatch:
         left = [t for t in threading.enumerate() if t.ident not in self.before and t.is_alive()]
         if left:
             names = ", ".join(f"{t.name}{' (daemon)' if t.daemon else ''}" for t in left[:5])
-            notes.append(f"rank {rank} left {len(left)} thread(s) running: {names}; they cannot be ended from "
-                         "outside, so their output is dropped from now on (join or stop them in the test)")
+            what = "1 thread" if len(left) == 1 else f"{len(left)} threads"
+            notes.append(f"rank {rank} left {what} running: {names}; threads cannot be ended from outside, so "
+                         "what they print is dropped from now on (stop and join them in the test)")
             for stream in self.streams:
                 stream.muted.update(t.ident for t in left)
         return notes

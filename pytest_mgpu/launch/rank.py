@@ -265,7 +265,8 @@ def leftover_note(rank: int, commands) -> List[str]:
     if not commands:
         return []
     shown = "; ".join(c[:120] for c in commands[:5]) + ("; ..." if len(commands) > 5 else "")
-    return [f"rank {rank} left {len(commands)} child process(es) running: {shown}; ended"]
+    what = "1 child process" if len(commands) == 1 else f"{len(commands)} child processes"
+    return [f"rank {rank} left {what} running: {shown}; ended"]
 
 
 def rank_main(task: RankTask, conn) -> None:
