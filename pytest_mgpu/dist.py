@@ -14,7 +14,7 @@ from .devices import DevicePlan
 from .launch.errors import RankFailure
 from .launch.protocol import pack_call
 from .launch.spawn import LaunchSpec
-from .settings import validate_timeout
+from .settings import SettingsError, validate_timeout
 
 
 @dataclass
@@ -122,7 +122,10 @@ class Dist:
         __tracebackhide__ = True
         if self.plan.skip_reason:
             raise RuntimeError(f"this test's plan is a skip: {self.plan.skip_reason}")
-        spec = self.spec(nprocs, timeout)  # a bad timeout is refused before anything starts
+        try:
+            spec = self.spec(nprocs, timeout)  # a bad timeout is refused before anything starts
+        except SettingsError as exc:
+            raise SettingsError(str(exc)) from None  # the test's line, not our frames
         ref, payload = pack_call(fn, args, kwargs)
         t0 = time.perf_counter()
         try:

@@ -21,11 +21,12 @@ def validate_timeout(value: object, where: str, *, text_ok: bool) -> float:
     (as pytest-timeout's ``_validate_timeout(timeout, where)`` does). ``text_ok``: the value comes from
     a command line or an ini file, so "5" is read as 5; from Python code, a string is refused."""
     if isinstance(value, bool) or (isinstance(value, str) and not text_ok):
-        raise SettingsError(f"{where} must be a number of seconds, got {type(value).__name__} {value!r}")
+        raise SettingsError(f"{where} must be a positive, finite number of seconds, got "
+                            f"{type(value).__name__} {value!r}")
     try:
         seconds = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        raise SettingsError(f"{where} must be a number of seconds, got {value!r}") from None
+        raise SettingsError(f"{where} must be a positive, finite number of seconds, got {value!r}") from None
     if not math.isfinite(seconds) or seconds <= 0:
         raise SettingsError(f"{where} must be a positive, finite number of seconds, got {value!r}")
     return seconds
