@@ -94,7 +94,11 @@ def pytest_runtest_setup(item):
     try:
         world_size = markers.world_size_of(m.name for m in item.iter_markers())
     except markers.MarkerError as exc:
-        pytest.fail(f"{item.nodeid}: {exc}", pytrace=False)
+        problem = f"{item.nodeid}: {exc}"
+    else:
+        problem = None
+    if problem:  # outside the except block: pytest would print the MarkerError too, as its context
+        pytest.fail(problem, pytrace=False)
     if world_size is None:
         return
     plan = _session(item.config).plan(world_size)

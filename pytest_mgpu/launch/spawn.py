@@ -146,18 +146,47 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def stop_forkserver() -> None:
-    """End and reap the forkserver, so that pytest does not return while it still runs (it would
-    linger, re-parented, about 1 s). multiprocessing has no public call for it; its own tests use
-    ``_stop``. The next launch starts a new one."""
-    from multiprocessing import forkserver
+def stop_forkserver(wait_s: float = 2.0) -> None:
+    """End and reap the forkserver and multiprocessing's resource tracker, so that nothing pytest
+    started still runs when it returns (they lingered, re-parented, about 1 s). Each stops when its
+    "alive" pipe closes; multiprocessing has only the private ``_stop`` for it, which waits without a
+    bound (a leftover holder of the pipe would hang pytest), so the wait here is bounded."""
+    from multiprocessing import forkserver, resource_tracker
 
-    stop = getattr(forkserver._forkserver, "_stop", None)
-    if stop is not None:
+    fs = forkserver._forkserver
+    with fs._lock:
+        if _end_helper(fs, "_forkserver_alive_fd", "_forkserver_pid", wait_s):
+            address, fs._forkserver_address = fs._forkserver_address, None
+            if address and isinstance(address, str) and not address.startswith("\0"):
+                try:
+                    os.unlink(address)
+                except OSError:
+                    pass
+    rt = resource_tracker._resource_tracker
+    with rt._lock:
+        _end_helper(rt, "_fd", "_pid", wait_s)
+
+
+def _end_helper(obj, fd_name: str, pid_name: str, wait_s: float) -> bool:
+    fd, pid = getattr(obj, fd_name, None), getattr(obj, pid_name, None)
+    if fd is None or pid is None:
+        return False
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+    setattr(obj, fd_name, None)
+    setattr(obj, pid_name, None)
+    end = time.monotonic() + wait_s
+    while True:
         try:
-            stop()
-        except OSError:
-            pass
+            if os.waitpid(pid, os.WNOHANG)[0] != 0:
+                return True
+        except ChildProcessError:
+            return True
+        if time.monotonic() > end:
+            return True  # still running: it holds nothing of ours any more, and ends on its own
+        time.sleep(0.01)
 
 
 def forkserver_context(start_method: str = "forkserver"):
