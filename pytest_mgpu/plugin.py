@@ -127,6 +127,8 @@ def pytest_timeout_set_timer(item, settings):
 
 
 def _prewarm(item) -> None:
+    if "dist" not in getattr(item, "fixturenames", ()):
+        return
     try:
         world_size = markers.world_size_of(m.name for m in item.iter_markers())
     except markers.MarkerError:

@@ -17,7 +17,6 @@ from typing import Dict, List, Optional, Sequence
 
 from .attribution import attribute, is_communication_error, returned_early
 from .errors import RankFailure, RankProblem, describe_exit
-
 from .protocol import RankOutcome, safe_str
 
 FAILURE_GRACE_S = 3.0  # after a first failure, how long the other ranks get to report their own
