@@ -24,7 +24,7 @@ from .attribution import attribute, returned_early
 from .collect import raised_problem
 from .control import ControlPlane, Post, WorldBroken
 from .errors import RankFailure, RankProblem
-from .protocol import FnRef, RankOutcome, RankTask
+from .protocol import FnRef, RankOutcome, RankTask, safe_str, type_name
 from .rank import run_call, seed_everything
 from .spawn import LaunchResult, LaunchSpec
 
@@ -501,12 +501,12 @@ class ExternalLauncher:
         if outcome.exc_type == "KeyboardInterrupt":
             raise KeyboardInterrupt
         if outcome.ok:
-            try:
-                pickle.dumps(outcome.value, protocol=pickle.HIGHEST_PROTOCOL)
+            try:  # every rank unpickles it: rebuild it here first, where the failure can be named
+                pickle.loads(pickle.dumps(outcome.value, protocol=pickle.HIGHEST_PROTOCOL))
             except Exception as exc:
-                return RankOutcome(rank=w.rank, ok=False, exc_type="TypeError", phase="return", exc_message=(
-                    f"the value returned by rank {w.rank} cannot be pickled ({exc}); return tensors, "
-                    "numbers, strings or containers of them"))
+                return RankOutcome(rank=w.rank, ok=False, exc_type=type_name(exc), phase="return", exc_message=(
+                    f"the value returned by rank {w.rank} ({type_name(outcome.value)}) cannot be sent to the "
+                    f"other ranks ({safe_str(exc)}); return tensors, numbers, strings or containers of them"))
         return outcome
 
     def _failure(self, spec: LaunchSpec, wb: WorldBroken, started: bool) -> RankFailure:
