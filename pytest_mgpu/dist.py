@@ -8,12 +8,13 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 from .devices import DevicePlan
 from .launch.errors import RankFailure
 from .launch.protocol import pack_call
 from .launch.spawn import LaunchSpec
+from .settings import SettingsError, validate_timeout
 
 
 @dataclass
@@ -38,6 +39,8 @@ class Dist:
     calls: List[CallRecord] = field(default_factory=list)
     echo_output: bool = True
     deadline: Optional[float] = None  # time.monotonic() by which an outer limit (pytest-timeout) fires
+    timeout_source: str = "--mgpu-timeout"  # where timeout_s came from: a marker, the option, the ini
+    deadline_source: str = ""  # what sets ``deadline``, e.g. "pytest-timeout's limit of 4s"
     measurements: List[Any] = field(default_factory=list)  # timing.measure.Measurement, in call order
 
     def __repr__(self) -> str:
@@ -90,6 +93,7 @@ class Dist:
 
     # -- internals ----------------------------------------------------------------------------
     def spec(self, nprocs: int, timeout: Optional[float] = None) -> LaunchSpec:
+        seconds, source = self._effective_timeout(timeout)
         return LaunchSpec(
             nprocs=nprocs,
             backend=self.backend,
@@ -98,35 +102,52 @@ class Dist:
             emulated=self.emulated,
             seed=self.seed,
             per_rank_seed=self.per_rank_seed,
-            timeout_s=self._effective_timeout(timeout),
+            timeout_s=seconds,
+            timeout_source=source,
+            outer_deadline=self.deadline,
+            outer_source=self.deadline_source,
             label=self.label,
         )
 
-    def _effective_timeout(self, timeout: Optional[float]) -> float:
-        """The call's limit, cut short so that our own report (with stacks) beats an outer timeout."""
-        limit = float(timeout if timeout is not None else self.timeout_s)
-        if self.deadline is not None:
-            left = self.deadline - time.monotonic()
-            limit = min(limit, max(1.0, left - min(5.0, 0.2 * left)))
-        return limit
+    def _effective_timeout(self, timeout: Optional[float]) -> Tuple[float, str]:
+        """The call's limit and where it came from: ``dist.run(timeout=)`` beats the test's
+        ``mgpu_timeout`` marker beats ``--mgpu-timeout`` / ini. An outer limit (pytest-timeout) is not
+        folded in here: the launcher cuts the call before it, start-up included (``CallLimit``)."""
+        if timeout is None:
+            return float(self.timeout_s), self.timeout_source
+        seconds = validate_timeout(timeout, "dist.run(timeout=...)", text_ok=False)
+        return seconds, f"dist.run(timeout={timeout!r})"
 
     def _launch(self, fn, args, kwargs, nprocs: int, timeout: Optional[float]):
         __tracebackhide__ = True
         if self.plan.skip_reason:
             raise RuntimeError(f"this test's plan is a skip: {self.plan.skip_reason}")
-        if timeout is not None and timeout <= 0:
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        try:
+            spec = self.spec(nprocs, timeout)  # a bad timeout is refused before anything starts
+        except SettingsError as exc:
+            raise SettingsError(str(exc)) from None  # the test's line, not our frames
         ref, payload = pack_call(fn, args, kwargs)
         t0 = time.perf_counter()
         try:
-            result = self.launcher.run(self.spec(nprocs, timeout), ref, payload)
+            result = self.launcher.run(spec, ref, payload)
         except RankFailure as failure:
             self.calls.append(CallRecord(nprocs, 0.0, time.perf_counter() - t0, False))
             self._echo(failure.logs)
             raise failure.with_traceback(None) from None
         self.calls.append(CallRecord(nprocs, result.startup_s, result.wall_s, True))
         self._echo(result.logs)
+        self._leftovers(getattr(result, "notes", ()))
         return result.values
+
+    def _leftovers(self, notes: Sequence[str]) -> None:
+        """What ranks left running (ended children, threads): in the test's output and as a warning."""
+        import warnings
+
+        from .launch.errors import RankLeftoverWarning
+
+        for note in notes:
+            sys.stdout.write(f"[pytest-mgpu] {note}\n")
+            warnings.warn(RankLeftoverWarning(f"{self.label}: {note}"), stacklevel=4)
 
     def _echo(self, logs: Sequence[str]) -> None:
         """Rank output goes to the test's stdout, so pytest captures and shows it per test."""

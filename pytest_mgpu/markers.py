@@ -12,13 +12,16 @@ class MarkerError(ValueError):
 
 
 ISOLATE = "mgpu_isolate"
+TIMEOUT = "mgpu_timeout"
 
 
 def marker_help() -> List[str]:
     return [
         f"gpu{n}: the test needs {n} device(s); runs on {n} rank(s) through the `dist` fixture"
         for n in WORLD_SIZES
-    ] + [f"{ISOLATE}: give this test fresh rank processes instead of warm (reused) ones"]
+    ] + [f"{ISOLATE}: give this test fresh rank processes instead of warm (reused) ones",
+         f"{TIMEOUT}(seconds): this test's limit per dist call (dist.run(timeout=) beats it; it beats "
+         "--mgpu-timeout and ini mgpu_timeout)"]
 
 
 def _mark(n: int):

@@ -9,11 +9,12 @@ from . import markers
 from .devices import DevicePlan
 from .dist import Dist
 from .session import MgpuSession, TestRecord
-from .settings import ENV_FALLBACK, SettingsError, resolve
+from .settings import ENV_FALLBACK, SettingsError, resolve, validate_timeout
 
 SESSION_KEY = pytest.StashKey[MgpuSession]()
 PLAN_KEY = pytest.StashKey[DevicePlan]()
 OUTER_TIMEOUT_KEY = pytest.StashKey[float]()
+OUTER_SOURCE_KEY = pytest.StashKey[str]()
 
 
 def _session(config) -> MgpuSession:
@@ -93,7 +94,11 @@ def pytest_runtest_setup(item):
     try:
         world_size = markers.world_size_of(m.name for m in item.iter_markers())
     except markers.MarkerError as exc:
-        pytest.fail(f"{item.nodeid}: {exc}", pytrace=False)
+        problem = f"{item.nodeid}: {exc}"
+    else:
+        problem = None
+    if problem:  # outside the except block: pytest would print the MarkerError too, as its context
+        pytest.fail(problem, pytrace=False)
     if world_size is None:
         return
     plan = _session(item.config).plan(world_size)
@@ -106,10 +111,36 @@ def pytest_runtest_setup(item):
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_timeout_set_timer(item, settings):
-    """pytest-timeout is about to arm its timer: keep ours inside it, so our report comes first."""
-    if settings.timeout and settings.timeout > 0:
-        item.stash[OUTER_TIMEOUT_KEY] = time.monotonic() + settings.timeout
+    """pytest-timeout is about to arm its timer. Start the test's warm ranks first (a cold 8-rank pool
+    takes seconds: not the test's time), then note when the timer fires, so that the call is cut early
+    enough for our report (ranks, stacks) to come first."""
+    if not (settings.timeout and settings.timeout > 0):
+        return None
+    _prewarm(item)
+    item.stash[OUTER_TIMEOUT_KEY] = time.monotonic() + settings.timeout
+    where = "@pytest.mark.timeout" if item.get_closest_marker("timeout") else "--timeout / ini timeout"
+    item.stash[OUTER_SOURCE_KEY] = f"pytest-timeout's limit of {settings.timeout:g}s ({where})"
+    handle = getattr(item, "funcargs", {}).get("dist")  # func_only: the fixture already exists
+    if isinstance(handle, Dist):
+        handle.deadline, handle.deadline_source = item.stash[OUTER_TIMEOUT_KEY], item.stash[OUTER_SOURCE_KEY]
     return None
+
+
+def _prewarm(item) -> None:
+    if "dist" not in getattr(item, "fixturenames", ()):
+        return
+    try:
+        world_size = markers.world_size_of(m.name for m in item.iter_markers())
+    except markers.MarkerError:
+        return
+    if world_size is None:
+        return
+    session = _session(item.config)
+    plan = session.plan(world_size)
+    launcher = session.launcher_for(item.get_closest_marker(markers.ISOLATE) is not None)
+    if plan.skip_reason or plan.device_type == "cuda" or not hasattr(launcher, "prewarm"):
+        return  # GPU ranks need the test's device lease first: the call's cut covers their start
+    launcher.prewarm(Dist(plan=plan, launcher=launcher, seed=session.settings.seed).spec(world_size))
 
 
 # -- the fixture ----------------------------------------------------------------------------------
@@ -130,14 +161,17 @@ def dist(request):
         lease = session.lease(plan, session.settings.timeout_s)
     except TimeoutError as exc:
         pytest.fail(str(exc), pytrace=False)
+    timeout_s, timeout_source = _test_timeout(item, session)
     handle = Dist(
         plan=plan,
         launcher=session.launcher_for(item.get_closest_marker(markers.ISOLATE) is not None),
         label=item.nodeid,
-        timeout_s=session.settings.timeout_s,
+        timeout_s=timeout_s,
+        timeout_source=timeout_source,
         seed=session.settings.seed,
         device_ids=lease.ids if lease else (),
         deadline=item.stash.get(OUTER_TIMEOUT_KEY, None),
+        deadline_source=item.stash.get(OUTER_SOURCE_KEY, ""),
     )
     try:
         yield handle
@@ -146,6 +180,21 @@ def dist(request):
             lease.release()
         item.user_properties.append(("mgpu_calls", len(handle.calls)))
         item.user_properties.append(("mgpu_startup_s", [round(c.startup_s, 4) for c in handle.calls if c.ok]))
+
+
+def _test_timeout(item, session: MgpuSession):
+    """The test's limit per dist call: its ``mgpu_timeout`` marker, else --mgpu-timeout / ini."""
+    marker = item.get_closest_marker(markers.TIMEOUT)
+    if marker is None:
+        return session.settings.timeout_s, session.settings.timeout_source
+    where = f"@pytest.mark.{markers.TIMEOUT}"
+    if len(marker.args) != 1 or marker.kwargs:
+        pytest.fail(f"{item.nodeid}: {where} takes one number of seconds, e.g. {where}(60)", pytrace=False)
+    try:
+        seconds = validate_timeout(marker.args[0], where, text_ok=False)
+    except SettingsError as exc:
+        pytest.fail(f"{item.nodeid}: {exc}", pytrace=False)
+    return seconds, f"{where}({marker.args[0]!r})"
 
 
 # -- reporting ------------------------------------------------------------------------------------

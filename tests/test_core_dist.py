@@ -163,7 +163,7 @@ def test_ret(dist):
     )
     result = pytester.runpytest("--mgpu-fallback=cpu")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*the value returned by rank 0 cannot be pickled*"])
+    result.stdout.fnmatch_lines(["*the value returned by rank 0 (_thread.lock) cannot be pickled*"])
 
 
 def test_rank_device_outside_a_rank_says_where_it_works():

@@ -21,7 +21,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as tdist
 
-from pytest_mgpu.launch.control import ControlPlane, WorldBroken
+from pytest_mgpu.launch.control import ControlPlane, Post, WorldBroken
 from pytest_mgpu.launch.external import (
     ExternalError,
     PhaseRecord,
@@ -430,3 +430,42 @@ def test_after_a_failure_the_others_get_a_grace_period(planes):
     got = run_ranks(planes, work)
     first = next(g for g in (got[0], got[1]) if isinstance(g, WorldBroken) and not g.by_peer)
     assert "rank(s) 2 still busy" in str(first) and "after rank(s) 1 failed" in str(first)
+
+
+def _comm_error(rank):
+    from pytest_mgpu.launch.protocol import RankOutcome
+
+    return RankOutcome(rank=rank, ok=False, exc_type="torch.distributed.DistBackendError",
+                       exc_message="[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234")
+
+
+def _launcher(rank):
+    from types import SimpleNamespace
+
+    from pytest_mgpu.launch.external import ExternalLauncher
+
+    return ExternalLauncher(SimpleNamespace(rank=rank))
+
+
+def test_a_lost_rank_that_sent_no_stack_is_the_cause_not_its_peers_connection_errors():
+    """torchrun: rank 0 died in a collective; ranks 1, 2 report gloo's error first. Evidence, not
+    arrival order: the rank that vanished without a stack is the cause."""
+    from pytest_mgpu.launch.spawn import LaunchSpec
+
+    wb = WorldBroken("rank(s) 0 still busy 10s after rank(s) 1, 2 failed", lost=(0,),
+                     posts={r: Post(r, "end", False, _comm_error(r)) for r in (1, 2)}, stacks={})
+    failure = _launcher(1)._failure(LaunchSpec(nprocs=3), wb, started=True)
+    assert [p.rank for p in failure.primary()] == [0], failure.format()
+    assert failure.problems[0].kind == "died" and failure.ranks == [0, 1, 2]
+    assert "cause: rank(s) 0" in failure.format().splitlines()[0]
+
+
+def test_a_lost_rank_waiting_in_a_collective_is_a_consequence_of_a_real_error():
+    from pytest_mgpu.launch.protocol import RankOutcome
+    from pytest_mgpu.launch.spawn import LaunchSpec
+
+    stack = 'Current thread 0x1 (most recent call first):\n  File "/x/torch/distributed/distributed_c10d.py", line 9 in barrier'
+    posts = {1: Post(1, "end", False, RankOutcome(rank=1, ok=False, exc_type="ValueError", exc_message="bad"))}
+    wb = WorldBroken("rank(s) 0 still busy", lost=(0,), posts=posts, stacks={0: stack})
+    failure = _launcher(1)._failure(LaunchSpec(nprocs=2), wb, started=True)
+    assert [p.rank for p in failure.primary()] == [1], failure.format()

@@ -4,7 +4,9 @@ from __future__ import annotations
 import signal
 import textwrap
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Literal, Optional
+
+ProblemKind = Literal["raised", "died", "hung", "stopped", "returned", "absent", "unreadable"]
 
 
 def describe_exit(code: Optional[int]) -> str:
@@ -24,15 +26,16 @@ class RankProblem:
     """Why one rank did not return a value."""
 
     rank: int
-    kind: str  # "raised" | "died" | "hung" | "stopped"
+    kind: ProblemKind
     summary: str
     detail: str = ""  # traceback, Python stack, or the tail of the rank's output
-    secondary: bool = False  # happened after another rank had already failed
+    secondary: bool = False  # a consequence: explained by another rank's failure (launch/attribution.py)
+    communication: bool = False  # (raised) a communication error: what a rank sees when a peer vanished
 
     def format(self) -> str:
         head = f"rank {self.rank} {self.summary}"
         if self.secondary:
-            head += "  [after another rank failed: probably a consequence]"
+            head += "  [a consequence of another rank's failure, not a cause]"
         if not self.detail:
             return head
         return head + "\n" + textwrap.indent(self.detail.rstrip(), "    | ")
@@ -52,17 +55,19 @@ class RankFailure(Exception):
 
     @property
     def ranks(self) -> List[int]:
-        return [p.rank for p in self.problems]
+        return sorted(p.rank for p in self.problems)
 
     def primary(self) -> List[RankProblem]:
         return [p for p in self.problems if not p.secondary]
 
     def format(self) -> str:
         kinds = sorted({p.kind for p in self.primary()}) or sorted({p.kind for p in self.problems})
-        lines = [
-            f"{len(self.problems)} rank(s) failed ({', '.join(kinds)}) in {self.what}: "
-            f"rank(s) {', '.join(map(str, self.ranks))}"
-        ]
+        causes = sorted(p.rank for p in self.primary())
+        head = (f"{len(self.problems)} rank(s) failed ({', '.join(kinds)}) in {self.what}: "
+                f"rank(s) {', '.join(map(str, self.ranks))}")
+        if causes and len(causes) < len(self.problems):
+            head += f"; cause: rank(s) {', '.join(map(str, causes))}"
+        lines = [head]
         order = sorted(self.problems, key=lambda p: (p.secondary, p.rank))
         for p in order:
             lines.append("")
@@ -77,3 +82,7 @@ class RankFailure(Exception):
 
     def __reduce__(self):
         return (RankFailure, (self.what, self.problems, self.hint))
+
+
+class RankLeftoverWarning(UserWarning):
+    """A call left child processes (ended) or threads (still running) in a rank."""

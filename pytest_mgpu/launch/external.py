@@ -20,10 +20,11 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .._context import RankContext, set_rank_context
 from ..devices import DevicePlan
+from .attribution import attribute, returned_early
 from .collect import raised_problem
 from .control import ControlPlane, Post, WorldBroken
 from .errors import RankFailure, RankProblem
-from .protocol import FnRef, RankOutcome, RankTask
+from .protocol import FnRef, RankOutcome, RankTask, safe_str, type_name
 from .rank import run_call, seed_everything
 from .spawn import LaunchResult, LaunchSpec
 
@@ -463,7 +464,8 @@ class ExternalLauncher:
             raise self._failure(spec, wb, started=True) from None
         problems = [raised_problem(p.data) for _, p in sorted(posts.items()) if not p.ok]
         if problems:
-            raise RankFailure(spec.describe(), problems)
+            returned = [r for r, p in posts.items() if p.ok]
+            raise RankFailure(spec.describe(), attribute(problems, returned, returned_early))
         outcomes = [posts[0].data] if single else [posts[r].data for r in range(world.world_size)]
         wall = time.perf_counter() - t0
         work = max((o.run_s for o in outcomes), default=0.0)
@@ -499,12 +501,12 @@ class ExternalLauncher:
         if outcome.exc_type == "KeyboardInterrupt":
             raise KeyboardInterrupt
         if outcome.ok:
-            try:
-                pickle.dumps(outcome.value, protocol=pickle.HIGHEST_PROTOCOL)
+            try:  # every rank unpickles it: rebuild it here first, where the failure can be named
+                pickle.loads(pickle.dumps(outcome.value, protocol=pickle.HIGHEST_PROTOCOL))
             except Exception as exc:
-                return RankOutcome(rank=w.rank, ok=False, exc_type="TypeError", phase="return", exc_message=(
-                    f"the value returned by rank {w.rank} cannot be pickled ({exc}); return tensors, "
-                    "numbers, strings or containers of them"))
+                return RankOutcome(rank=w.rank, ok=False, exc_type=type_name(exc), phase="return", exc_message=(
+                    f"the value returned by rank {w.rank} ({type_name(outcome.value)}) cannot be sent to the "
+                    f"other ranks ({safe_str(exc)}); return tensors, numbers, strings or containers of them"))
         return outcome
 
     def _failure(self, spec: LaunchSpec, wb: WorldBroken, started: bool) -> RankFailure:
@@ -513,7 +515,10 @@ class ExternalLauncher:
         failed_first = bool(problems)
         for r in wb.lost:
             stack = wb.stacks.get(r, "(it did not send its stack)")
-            if failed_first:
+            if r not in wb.stacks and started:  # its monitor thread did not answer: the process is gone
+                problems.append(RankProblem(r, "died", "was lost: it stopped answering and sent no stack "
+                                            "(its process died or froze)"))
+            elif failed_first:
                 problems.append(RankProblem(r, "stopped", "was still running after another rank failed "
                                             "(probably waiting in a collective for it); its stack:", stack,
                                             secondary=True))
@@ -524,7 +529,8 @@ class ExternalLauncher:
                 problems.append(RankProblem(r, "hung", "did not reach this dist.run; its Python stack:", stack))
         if not problems:
             problems.append(RankProblem(self.session.rank, "stopped", f"could not go on: {wb.reason}"))
-        return RankFailure(spec.describe(), problems, hint=(
+        returned = [r for r, p in wb.posts.items() if p.ok] if started else []
+        return RankFailure(spec.describe(), attribute(problems, returned, returned_early), hint=(
             f"{wb.reason}.\nThe job ends here on every rank: a rank left inside a collective (or hung) cannot "
             "rejoin the process group. Raise the limit with dist.run(..., timeout=S) or --mgpu-timeout if the "
             "work is just slow."))

@@ -12,16 +12,17 @@ import os
 import pickle
 import shutil
 import sys
-import tempfile
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from .collect import collect, kill_tree
+from .collect import collect
+from .errors import RankFailure
+from .processes import kill_tree
 from .protocol import FnRef
 from .rendezvous import StoreServer
-from .spawn import JOIN_S, LaunchResult, LaunchSpec, SpawnLauncher, _threads_per_rank, forkserver_context, make_task
+from .spawn import JOIN_S, LaunchResult, LaunchSpec, SpawnLauncher, threads_per_rank, forkserver_context, make_logdir, make_task
 from .worker import PoolCall
 
 Key = Tuple[int, str, str, Tuple[str, ...], bool]
@@ -74,21 +75,23 @@ class PoolLauncher:
             for r, conn in enumerate(pool.conns):
                 call = PoolCall(
                     fn=fn, payload=payload, seed=spec.seed, per_rank_seed=spec.per_rank_seed,
-                    threads=_threads_per_rank(spec.nprocs), log_path=log_paths[r], env=dict(spec.env),
+                    threads=threads_per_rank(spec.nprocs), log_path=log_paths[r], env=dict(spec.env),
                     sys_path=list(sys.path), rejoin_prefix=rejoin,
                 )
                 try:
                     conn.send_bytes(pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL))
                 except OSError:
                     pass  # the rank is gone: collect() reports how it died
-            got = collect(pool.procs, pool.conns, log_paths, spec.timeout_s, started=True)
-            if got.problems:
-                self._discard(key)
-                got.raise_if_failed(spec.describe(), log_paths)
+            got = collect(pool.procs, pool.conns, log_paths, spec.limit(), started=True)
             pool.rejoin = any(o.dirty for o in got.outcomes.values())
+            if got.problems and not got.ranks_intact:
+                self._discard(key)
+            got.raise_if_failed(spec.describe(), log_paths)
             return LaunchResult.of(got, log_paths, t0)
+        except RankFailure:
+            raise  # decided above: a pool whose ranks are all fine serves the next test
         except BaseException:
-            self._discard(key)  # Ctrl-C, pytest-timeout, or a failure: never reuse a pool in doubt
+            self._discard(key)  # Ctrl-C, pytest-timeout: never reuse a pool in doubt
             raise
         finally:
             for path in log_paths:
@@ -96,6 +99,18 @@ class PoolLauncher:
                     os.unlink(path)
                 except OSError:
                     pass
+
+    def prewarm(self, spec: LaunchSpec) -> None:
+        """Start the warm ranks ``spec`` needs now (before an outer timer starts), if none are up. A
+        failure here is left for the call itself to meet and report."""
+        if spec.device_type == "cuda" and os.environ.get("PYTEST_XDIST_WORKER"):
+            return
+        key = self.key(spec)
+        if key not in self._pools:
+            try:
+                self._start(spec, key)
+            except RankFailure:
+                pass
 
     @property
     def fresh(self) -> SpawnLauncher:
@@ -111,7 +126,7 @@ class PoolLauncher:
     def _start(self, spec: LaunchSpec, key: Key) -> _Pool:
         while self._pools and sum(k[0] for k in self._pools) + spec.nprocs > self.max_ranks:
             self._discard(next(iter(self._pools)))  # the least recently used pool makes room
-        logdir = tempfile.mkdtemp(prefix="pytest-mgpu-pool-")
+        logdir = make_logdir("pool")
         log_paths = [os.path.join(logdir, f"rank{r}.log") for r in range(spec.nprocs)]
         pool = _Pool(key, [], [], logdir)
         self._pools[key] = pool
@@ -127,7 +142,7 @@ class PoolLauncher:
                 there.close()
                 pool.procs.append(p)
                 pool.conns.append(here)
-            got = collect(pool.procs, pool.conns, log_paths, spec.timeout_s, until_ready=True)
+            got = collect(pool.procs, pool.conns, log_paths, spec.limit(), until_ready=True)
             got.raise_if_failed(spec.describe() + " (starting warm ranks)", log_paths)
         except BaseException:
             self._discard(key)

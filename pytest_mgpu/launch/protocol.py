@@ -11,7 +11,24 @@ import os
 import pickle
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
+
+
+def safe_str(obj: object) -> str:
+    """``str(obj)``, or a description of why it could not be made (a ``__str__`` that raises)."""
+    try:
+        return str(obj)
+    except Exception as exc:
+        try:
+            why = f"{type(exc).__name__}: {exc}"
+        except Exception:
+            why = type(exc).__name__
+        return f"<{type(obj).__qualname__} object: its __str__ raised {why}>"
+
+
+def type_name(obj: object) -> str:
+    t = type(obj)
+    return f"{t.__module__}.{t.__qualname__}".replace("builtins.", "")
 
 
 class BadCallError(TypeError):
@@ -140,5 +157,8 @@ class RankOutcome:
     phase: str = "run"  # "init" (joining the group), "run" (user code), "return" (sending the value)
     run_s: float = 0.0
     init_s: float = 0.0
+    value_bytes: Optional[bytes] = None  # the value, pickled apart: rebuilt here under a guard
+    value_type: str = ""  # its type, to name it when it cannot be rebuilt
     ready: bool = False  # "joined the group, starting the call": the call's time limit starts now
+    notes: List[str] = field(default_factory=list)  # what the call left behind (children, threads)
     dirty: bool = False  # (warm ranks) the call changed the process groups: rejoin before the next

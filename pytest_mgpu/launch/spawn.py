@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -16,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..devices import usable_cpus
-from .collect import collect, kill_tree
+from .collect import CallLimit, collect
+from .processes import kill_tree
 from .protocol import FnRef, RankTask
 from .rank import rank_main
 from .rendezvous import Rendezvous, StoreServer
@@ -39,6 +41,12 @@ class LaunchSpec:
     timeout_s: float = 300.0
     label: str = "dist.run"
     env: Dict[str, str] = field(default_factory=dict)
+    timeout_source: str = "--mgpu-timeout"  # where timeout_s came from, named when it fires
+    outer_deadline: Optional[float] = None  # time.monotonic() at which pytest-timeout ends the test
+    outer_source: str = ""  # e.g. "pytest-timeout's limit of 4s (--timeout)"
+
+    def limit(self) -> CallLimit:
+        return CallLimit(self.timeout_s, self.timeout_source, self.outer_deadline, self.outer_source)
 
     def describe(self) -> str:
         where = f"{self.backend} on {self.device_type}"
@@ -53,16 +61,18 @@ class LaunchResult:
     logs: List[str]
     startup_s: float  # the call's wall time not spent in the user's function (start, join, return)
     wall_s: float
+    notes: List[str] = field(default_factory=list)  # what ranks left behind (children, threads)
 
     @classmethod
     def of(cls, got, log_paths, t0: float) -> "LaunchResult":
         values = [got.outcomes[r].value for r in range(len(log_paths))]
         wall = time.perf_counter() - t0
         work = max((o.run_s for o in got.outcomes.values()), default=0.0)
-        return cls(values, got.logs(log_paths), max(0.0, wall - work), wall)
+        notes = [n for r in sorted(got.outcomes) for n in got.outcomes[r].notes]
+        return cls(values, got.logs(log_paths), max(0.0, wall - work), wall, notes)
 
 
-def _threads_per_rank(nprocs: int) -> int:
+def threads_per_rank(nprocs: int) -> int:
     return max(1, usable_cpus() // max(1, nprocs))
 
 
@@ -92,7 +102,7 @@ def make_task(spec: LaunchSpec, rank: int, fn: Optional[FnRef], payload: bytes, 
         store_prefix=rdv.prefix,
         seed=spec.seed,
         per_rank_seed=spec.per_rank_seed,
-        threads=_threads_per_rank(spec.nprocs),
+        threads=threads_per_rank(spec.nprocs),
         fn=fn,
         payload=payload,
         log_path=log_path,
@@ -101,6 +111,82 @@ def make_task(spec: LaunchSpec, rank: int, fn: Optional[FnRef], payload: bytes, 
         launcher_pid=os.getpid(),
         env=env,
     )
+
+
+LOGDIR_PREFIX = "pytest-mgpu-"
+_LOGDIR = re.compile(r"^pytest-mgpu-(?:pool|call)-(\d+)-")
+
+
+def make_logdir(kind: str) -> str:
+    """A folder for ranks' output, named after this process (``pytest-mgpu-pool-<pid>-...``) so that a
+    later session can remove what a killed one left: folders whose owner is gone."""
+    remove_stale_logdirs()
+    return tempfile.mkdtemp(prefix=f"{LOGDIR_PREFIX}{kind}-{os.getpid()}-")
+
+
+def remove_stale_logdirs() -> None:
+    root = tempfile.gettempdir()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        m = _LOGDIR.match(name)
+        if m and not _alive(int(m.group(1))):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def stop_forkserver(wait_s: float = 2.0) -> None:
+    """End and reap the forkserver and multiprocessing's resource tracker, so that nothing pytest
+    started still runs when it returns (they lingered, re-parented, about 1 s). Each stops when its
+    "alive" pipe closes; multiprocessing has only the private ``_stop`` for it, which waits without a
+    bound (a leftover holder of the pipe would hang pytest), so the wait here is bounded."""
+    from multiprocessing import forkserver, resource_tracker
+
+    fs = forkserver._forkserver
+    with fs._lock:
+        if _end_helper(fs, "_forkserver_alive_fd", "_forkserver_pid", wait_s):
+            address, fs._forkserver_address = fs._forkserver_address, None
+            if address and isinstance(address, str) and not address.startswith("\0"):
+                try:
+                    os.unlink(address)
+                except OSError:
+                    pass
+    rt = resource_tracker._resource_tracker
+    with rt._lock:
+        _end_helper(rt, "_fd", "_pid", wait_s)
+
+
+def _end_helper(obj, fd_name: str, pid_name: str, wait_s: float) -> bool:
+    fd, pid = getattr(obj, fd_name, None), getattr(obj, pid_name, None)
+    if fd is None or pid is None:
+        return False
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+    setattr(obj, fd_name, None)
+    setattr(obj, pid_name, None)
+    end = time.monotonic() + wait_s
+    while True:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] != 0:
+                return True
+        except ChildProcessError:
+            return True
+        if time.monotonic() > end:
+            return True  # still running: it holds nothing of ours any more, and ends on its own
+        time.sleep(0.01)
 
 
 def forkserver_context(start_method: str = "forkserver"):
@@ -121,7 +207,7 @@ class SpawnLauncher:
     # -- public -------------------------------------------------------------------------------
     def run(self, spec: LaunchSpec, fn: FnRef, payload: bytes) -> LaunchResult:
         t0 = time.perf_counter()
-        logdir = tempfile.mkdtemp(prefix="pytest-mgpu-")
+        logdir = make_logdir("call")
         log_paths = [os.path.join(logdir, f"rank{r}.log") for r in range(spec.nprocs)]
         procs: List[mp.Process] = []
         conns = []
@@ -138,7 +224,7 @@ class SpawnLauncher:
                 self._live[p.pid] = p
                 procs.append(p)
                 conns.append(recv)
-            got = collect(procs, conns, log_paths, spec.timeout_s)
+            got = collect(procs, conns, log_paths, spec.limit())
             got.raise_if_failed(spec.describe(), log_paths)
             return LaunchResult.of(got, log_paths, t0)
         finally:
@@ -155,8 +241,18 @@ class SpawnLauncher:
                 c.close()
             shutil.rmtree(logdir, ignore_errors=True)
 
+    def prewarm(self, spec: LaunchSpec) -> None:
+        """Start the forkserver now (its first start costs 2.1-2.5 s), before an outer timer starts."""
+        if self._ctx.get_start_method() == "forkserver":
+            from multiprocessing import forkserver
+
+            forkserver.ensure_running()
+
     def close(self) -> None:
         """Kill anything still running (called at session end and on interrupt)."""
         for pid in list(self._live):
             kill_tree(pid)
+        for p in self._live.values():
+            p.join(JOIN_S)
         self._live.clear()
+        stop_forkserver()

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from .protocol import FnRef, RankOutcome, RankTask
-from .rank import _detach, _error, join_group, prepare_rank, run_call, send_outcome
+from .hygiene import CallWatch
+from .rank import detach, error_outcome, join_group, prepare_rank, run_call, send_outcome
 
 
 @dataclass
@@ -38,7 +39,8 @@ class Fresh:
 
     env: Dict[str, str]
     cwd: str
-    dtype: object
+    dtype: object  # torch.set_default_dtype, and the dtype part of torch.set_default_tensor_type
+    device: object  # torch.set_default_device, and the device part of torch.set_default_tensor_type
     grad: bool
     deterministic: Tuple[bool, bool]
     matmul_precision: str
@@ -70,6 +72,7 @@ class Fresh:
             env=dict(os.environ),
             cwd=os.getcwd(),
             dtype=torch.get_default_dtype(),
+            device=torch.get_default_device(),
             grad=torch.is_grad_enabled(),
             deterministic=(
                 torch.are_deterministic_algorithms_enabled(),
@@ -89,7 +92,9 @@ class Fresh:
         if os.getcwd() != self.cwd:
             os.chdir(self.cwd)
         # Set only what differs: some setters are not free (a cudnn flag loads cudnn, ~1 s).
-        if torch.get_default_dtype() != self.dtype:
+        if torch.get_default_device() != self.device:
+            torch.set_default_device(None)  # a fresh rank has no default-device mode
+        if torch.get_default_dtype() != self.dtype or torch.empty(0).dtype != self.dtype:
             torch.set_default_dtype(self.dtype)
         if torch.is_grad_enabled() != self.grad:
             torch.set_grad_enabled(self.grad)
@@ -159,19 +164,17 @@ def _release_memory(task: RankTask) -> None:
 
 def worker_main(task: RankTask, conn) -> None:
     """Entry point of a warm rank (target of the forkserver Process)."""
-    import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    _detach(task.log_path, task.launcher_pid)
+    detach(task.log_path, task.launcher_pid)
     t0 = time.perf_counter()
     try:
         prepare_rank(task)
         store = join_group(task)
-        default_pg = c10d._get_default_group()
-        fresh = Fresh.take()
+        state = _WarmState(store, c10d._get_default_group(), Fresh.take(), CallWatch())
         gc.freeze()  # torch's own objects are permanent: per-call collections only see the test's
     except BaseException as exc:
-        send_outcome(conn, _error(task, exc, "init"))
+        send_outcome(conn, error_outcome(task, exc, "init"))
         os._exit(3)
     send_outcome(conn, RankOutcome(rank=task.rank, ok=True, ready=True, init_s=time.perf_counter() - t0))
     while True:
@@ -182,32 +185,53 @@ def worker_main(task: RankTask, conn) -> None:
         call: Optional[PoolCall] = pickle.loads(data)
         if call is None:
             os._exit(0)
-        _redirect(call.log_path)
-        fresh.restore()
-        if call.sys_path and sys.path != call.sys_path:
-            sys.path[:] = call.sys_path
-        this = dataclasses.replace(
-            task, fn=call.fn, payload=call.payload, seed=call.seed, per_rank_seed=call.per_rank_seed,
-            threads=call.threads, env=call.env,
-        )
-        t1 = time.perf_counter()
-        try:
-            prepare_rank(this)
-            if call.rejoin_prefix:
-                if dist.is_initialized():
-                    dist.destroy_process_group()
-                join_group(this, store, call.rejoin_prefix)
-                default_pg = c10d._get_default_group()
-        except BaseException as exc:
-            send_outcome(conn, _error(task, exc, "init"))
-            os._exit(3)
-        init_s = time.perf_counter() - t1
-        outcome = run_call(this)
-        outcome.init_s = init_s
-        outcome.dirty = _groups_changed(default_pg)
-        send_outcome(conn, outcome)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        if not outcome.ok:
-            os._exit(1)  # peers may be stuck in a collective: the pool is rebuilt
-        _release_memory(this)
+        _one_call(task, call, state, conn)
+
+
+@dataclass
+class _WarmState:
+    store: object
+    default_pg: object
+    fresh: Fresh
+    watch: CallWatch
+
+
+def _one_call(task: RankTask, call: PoolCall, state: _WarmState, conn) -> None:
+    """Run one call as a fresh rank would; after it, end what it left running and say so."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    _redirect(call.log_path)
+    state.fresh.restore()
+    if call.sys_path and sys.path != call.sys_path:
+        sys.path[:] = call.sys_path
+    this = dataclasses.replace(
+        task, fn=call.fn, payload=call.payload, seed=call.seed, per_rank_seed=call.per_rank_seed,
+        threads=call.threads, env=call.env,
+    )
+    t1 = time.perf_counter()
+    try:
+        prepare_rank(this)
+        if call.rejoin_prefix:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            join_group(this, state.store, call.rejoin_prefix)
+            state.default_pg = c10d._get_default_group()
+    except BaseException as exc:
+        send_outcome(conn, error_outcome(task, exc, "init"))
+        os._exit(3)
+    init_s = time.perf_counter() - t1
+    state.watch.start()
+    outcome = run_call(this)
+    outcome.init_s = init_s
+    outcome.dirty = _groups_changed(state.default_pg)
+    if outcome.ok:
+        gc.collect()  # a DataLoader iterator the call dropped ends its workers itself
+        outcome.notes = state.watch.finish(task.rank)
+    send_outcome(conn, outcome)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if not outcome.ok:
+        os._exit(1)  # peers may be stuck in a collective: the pool is rebuilt
+    state.fresh.restore()
+    _release_memory(this)

@@ -1,0 +1,123 @@
+"""Limits: every source of a limit is validated and named; pytest-mgpu's report beats pytest-timeout,
+also on a cold pool and with --timeout-method=thread (which would end the whole session)."""
+import os
+import signal
+
+import pytest
+
+from tests.conftest import Subpytest
+
+BAD = ["'x'", "'5'", "float('nan')", "float('inf')", "0", "-1"]
+
+
+@pytest.mark.parametrize("value", BAD)
+def test_bad_dist_run_timeout_is_refused_naming_its_source(pytester, value):
+    pytester.makepyfile(f"""
+import pytest
+
+def noop():
+    return 1
+
+@pytest.mark.gpu2
+def test_t(dist):
+    dist.run(noop, timeout={value})
+""")
+    result = pytester.runpytest("--mgpu-fallback=cpu")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*dist.run(timeout=...) must be a * number of seconds, got *"])
+    assert "OverflowError" not in result.stdout.str() and "while joining" not in result.stdout.str()
+
+
+@pytest.mark.parametrize("value", ["x", "nan", "inf", "0", "-1"])
+def test_bad_mgpu_timeout_option_is_a_usage_error(pytester, value):
+    pytester.makepyfile("def test_t():\n    pass\n")
+    result = pytester.runpytest(f"--mgpu-timeout={value}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--mgpu-timeout must be a * number of seconds, got*"])
+
+
+@pytest.mark.parametrize("value", ["x", "nan", "inf", "0"])
+def test_bad_ini_mgpu_timeout_is_a_usage_error_naming_the_ini(pytester, value):
+    pytester.makeini(f"[pytest]\nmgpu_timeout = {value}\n")
+    pytester.makepyfile("def test_t():\n    pass\n")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*ini mgpu_timeout must be a * number of seconds, got*"])
+
+
+def test_bad_mgpu_timeout_marker_fails_the_test_naming_the_marker(pytester):
+    pytester.makepyfile("""
+import pytest
+
+@pytest.mark.gpu2
+@pytest.mark.mgpu_timeout("5")
+def test_t(dist):
+    pass
+""")
+    result = pytester.runpytest("--mgpu-fallback=cpu", "--strict-markers")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*@pytest.mark.mgpu_timeout must be a positive, finite number of seconds, got str '5'*"])
+
+
+HANGS = """
+import time, pytest, torch.distributed as tdist
+
+def hang():
+    if tdist.get_rank() == 0:
+        time.sleep(600)
+    tdist.barrier()
+
+def ok():
+    return tdist.get_rank()
+
+@pytest.mark.gpu2
+@pytest.mark.mgpu_timeout(2)
+def test_marker(dist):
+    dist.run(hang)
+
+@pytest.mark.gpu2
+@pytest.mark.mgpu_timeout(60)
+def test_call_beats_marker(dist):
+    dist.run(hang, timeout=2.5)
+
+@pytest.mark.gpu4
+def test_cold_pool(dist):
+    dist.run(hang, timeout=60)
+
+@pytest.mark.gpu4
+def test_after(dist):
+    assert dist.run(ok) == [0, 1, 2, 3]
+"""
+
+
+class _Dir:
+    def __init__(self, path):
+        self.path = path
+
+
+@pytest.fixture(scope="module", params=["thread", "signal"])
+def hung(request, tmp_path_factory):
+    """The 4-rank pool is cold when test_cold_pool starts, and pytest-timeout's limit (8 s) is short."""
+    sp = Subpytest(_Dir(tmp_path_factory.mktemp("hangs")))
+    (sp.pytester.path / "test_hangs.py").write_text(HANGS)
+    try:
+        rc, out = sp.run("--mgpu-fallback=cpu", "-p", "no:randomly", "-rA", "--timeout=8",
+                         f"--timeout-method={request.param}", timeout=300)
+    finally:
+        for p in sp.leftovers(timeout=10):
+            os.kill(p, signal.SIGKILL)
+    return rc, out
+
+
+def test_the_limit_that_fired_is_named_marker_then_call(hung):
+    rc, out = hung
+    assert "rank 0 did not finish within 2s (hung; the limit set by @pytest.mark.mgpu_timeout(2))" in out
+    assert "rank 0 did not finish within 2.5s (hung; the limit set by dist.run(timeout=2.5))" in out
+
+
+def test_our_report_beats_pytest_timeout_on_a_cold_pool_and_the_session_goes_on(hung):
+    rc, out = hung
+    assert "+ Timeout +" not in out and "Failed: Timeout" not in out, out
+    assert "stopped before pytest-timeout's limit of 8s (--timeout / ini timeout)" in out, out
+    assert "raise pytest-timeout's limit (--timeout, or @pytest.mark.timeout)" in out
+    assert "3 failed, 1 passed" in out, out  # --timeout-method=thread did not end the session
