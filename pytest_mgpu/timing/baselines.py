@@ -220,6 +220,11 @@ class BaselineStore:
                         self._all.append(f)
         return self._all
 
+    def scan(self) -> Dict[str, str]:
+        """Read every file in the folder once; what is wrong with each that cannot be read."""
+        self._files()
+        return dict(self.problems)
+
     def unreadable(self, fp: Fingerprint) -> Optional[str]:
         """What is wrong with this fingerprint's own file, if it exists and cannot be read."""
         path = self.path_for(fp)

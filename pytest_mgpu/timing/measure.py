@@ -23,8 +23,8 @@ from .reference import REFERENCE_HASH
 # Sanity limits of one measurement (issue 13: a split-size sweep gave a single-device median of
 # 2.916 s with an IQR of 1.9 s in one run and 298.7 ms in an identical one). Beyond these the
 # samples do not describe one speed: re-measure once, then mark the measurement unstable.
-UNSTABLE_IQR = 0.5  # IQR over the median
-UNSTABLE_DRIFT = 0.5  # first third's median vs last third's, either way
+UNSTABLE_IQR = 0.6  # IQR over the median (the report that asked for this: 65%)
+UNSTABLE_DRIFT = 1.0  # first third's median vs last third's, either way (2x)
 
 
 # -- what ran ---------------------------------------------------------------------------------------

@@ -122,10 +122,10 @@ class TimingState:
         A flagged measurement is re-measured once here (``Measurement.remeasure``) and judged on both."""
         thr = self.options.threshold
         fp = self.fingerprint(m.task.device_type)
+        if self.store.unreadable(fp):  # first: it concerns every measurement of this fingerprint
+            return rule.HistoryVerdict(rule.Status.UNREADABLE, m.x, 0, thr), "", None
         if m.unstable:
             return rule.HistoryVerdict(rule.Status.UNSTABLE, m.x, 0, thr), "", None
-        if self.store.unreadable(fp):
-            return rule.HistoryVerdict(rule.Status.UNREADABLE, m.x, 0, thr), "", None
         base = self.store.lookup(fp, m.task.key)
         history = base.entry.history(m.reference_hash) if base else []
         v = rule.judge_history(m.x, history, thr)
@@ -227,7 +227,7 @@ class TimingState:
             elif f is not None:
                 lines.append(f"  baseline {source}; the gate decides from {rule.MIN_HISTORY} launches, "
                              f"threshold +{self.options.threshold * 100:g}%, alpha {rule.ALPHA:g} per stage")
-        for path, problem in sorted(self.store.problems.items()):
+        for path, problem in sorted(self.store.scan().items()):
             lines.append(f"baseline file unreadable: {problem}. Its tests were measured as if no baseline "
                          "existed; --mgpu-save-baselines keeps it aside as *.corrupt and writes a good one")
         return lines
