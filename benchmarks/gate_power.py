@@ -30,6 +30,7 @@ import math
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -200,7 +201,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=12, help="rounds of 2 unchanged + 1 per slowdown launches")
     ap.add_argument("--min-run-time", type=float, default=0.3, help="seconds of timed steps per measurement")
     ap.add_argument("--history", type=int, default=20, help="launches in the gate's history")
-    ap.add_argument("--out", default=os.path.join(ROOT, ".gate_power.json"), help="raw data, for --analyse")
+    ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "gate_power.json"), help="raw data, for --analyse")
     ap.add_argument("--analyse", metavar="JSON", help="analyse saved data instead of launching")
     args = ap.parse_args(argv)
     if args.analyse:
