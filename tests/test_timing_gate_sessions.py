@@ -107,7 +107,7 @@ def test_damaged_baseline_is_reported_once_measured_and_repaired(pytester):
     own = folder / f"{fingerprint('cpu').key()}.json"
     own.write_text('{"format": "pytest-mgpu baselines 2", "entr')  # truncated
     (folder / "notes.json").write_text("[1, 2, 3]")  # a stray non-object JSON
-    result = pytester.runpytest("--mgpu-fallback=cpu", "--mgpu-save-baselines")
+    result = _run(pytester, "--mgpu-save-baselines")
     result.assert_outcomes(passed=1, failed=1)  # test_broken fails by itself, not through the baselines
     out = result.stdout.str()
     assert out.count(f"baseline file unreadable: {own}: not valid JSON") == 1
