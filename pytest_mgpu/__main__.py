@@ -1,13 +1,22 @@
 """``python -m pytest_mgpu``: what this machine offers for distributed tests, its hardware
-fingerprints, and whether a timing baseline exists for them."""
+fingerprints, and whether a timing baseline exists for them.
+
+``python -m pytest_mgpu compare OLD NEW``: judge NEW's timings against OLD's (baseline files or JSON
+reports), print the table, exit 1 on a regression."""
 import argparse
 import json
+import sys
 from dataclasses import asdict
-
-from .environment import environment_report
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "compare":
+        from .timing.compare import main as compare
+
+        return compare(argv[1:])
+    from .environment import environment_report
+
     ap = argparse.ArgumentParser(prog="python -m pytest_mgpu", description=__doc__)
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     ap.add_argument("--baselines", metavar="DIR", default="baselines",

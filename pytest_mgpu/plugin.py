@@ -60,7 +60,9 @@ def pytest_addoption(parser):
     parser.addini("mgpu_seed", "seed of every rank", default=None)
     parser.addini("mgpu_max_cpu_ranks", "largest world size emulated on CPU", default=None)
     parser.addini("mgpu_isolate", "true: fresh rank processes for every call", default=None)
-    _timing_addoption(parser)
+    from .timing.plugin import addoption as timing_addoption
+
+    timing_addoption(parser)
     _external_addoption(parser)
 
 
@@ -74,7 +76,9 @@ def pytest_configure(config):
     session = MgpuSession(settings)
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(_Recorder(session), "mgpu-recorder")
-    _timing_configure(config, session)
+    from .timing.plugin import TimingPlugin
+
+    TimingPlugin.configure(config, session)
     _external_configure(config, session)
 
 
@@ -236,131 +240,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if lines:
         terminalreporter.section("pytest-mgpu")
         for line in lines:
-            terminalreporter.write_line(line)
-
-
-# -- timing ---------------------------------------------------------------------------------------
-# dist.benchmark measurements: gate against baselines where the test ran (an xdist worker), carry
-# them to the controller in report.user_properties (JSON text, also in junit XML), report at the end.
-TIMING_KEY = pytest.StashKey["TimingState"]()
-
-
-def _timing_addoption(parser):
-    from .timing.state import GATE_MODES
-
-    group = parser.getgroup("mgpu")
-    group.addoption("--mgpu-baselines", dest="mgpu_baselines", metavar="DIR", default=None,
-                    help="directory of timing baselines, one JSON file per hardware fingerprint "
-                    "(default: <rootdir>/baselines; ini mgpu_baselines)")
-    group.addoption("--mgpu-save-baselines", dest="mgpu_save_baselines", action="store_true", default=False,
-                    help="write this run's timings (of tests that passed) into the baselines")
-    group.addoption("--mgpu-regression", dest="mgpu_regression", metavar="PCT", default=None,
-                    help="effect size a significant slowdown must exceed to count as a regression "
-                    "(default 10; ini mgpu_regression)")
-    group.addoption("--mgpu-gate", dest="mgpu_gate", choices=GATE_MODES, default=None,
-                    help="what a regression does: fail the test, warn, or auto (default: fail on GPUs, "
-                    "warn when ranks are emulated on CPU; ini mgpu_gate)")
-    group.addoption("--mgpu-report", dest="mgpu_report", metavar="PATH", action="append", default=None,
-                    help="write the timing report to PATH: .md (CI job summary), .json or .csv; repeatable")
-    group.addoption("--mgpu-plot", dest="mgpu_plot", metavar="DIR", default=None,
-                    help="draw PNG charts of the timings into DIR (needs matplotlib)")
-    parser.addini("mgpu_baselines", "timing baselines directory: see --mgpu-baselines", default=None)
-    parser.addini("mgpu_regression", "regression threshold in percent: see --mgpu-regression", default=None)
-    parser.addini("mgpu_gate", "auto, fail or warn: see --mgpu-gate", default=None)
-
-
-def _timing_configure(config, session: MgpuSession):
-    from .environment import fingerprint
-    from .timing.state import TimingOptionError, TimingOptions, TimingState
-
-    try:
-        options = TimingOptions.resolve(config.getoption, config.getini, config.rootpath,
-                                        config.invocation_params.dir)
-    except TimingOptionError as exc:
-        raise pytest.UsageError(str(exc)) from None
-
-    def fingerprint_of(device_type: str):
-        return fingerprint(device_type, session.hardware.cuda_names if device_type == "cuda" else None)
-
-    state = TimingState(options, fingerprint_of)
-    config.stash[TIMING_KEY] = state
-    config.pluginmanager.register(_TimingHooks(config, state, session), "mgpu-timing")
-
-
-class _TimingHooks:
-    def __init__(self, config, state, session: MgpuSession):
-        self.config = config
-        self.state = state
-        self.session = session
-        self.rows = []
-        self.notes = []  # which baseline judged what
-        self.lines = []  # what was written
-
-    def _judge(self, item):
-        handle = getattr(item, "funcargs", {}).get("dist")
-        measurements = list(getattr(handle, "measurements", None) or [])
-        if not measurements:
-            return []
-        judged = self.state.judge(measurements)
-        item.user_properties.extend(self.state.properties(judged))
-        return judged
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_call(self, item):
-        import warnings
-
-        from .timing.gate import TimingRegressionWarning
-
-        try:
-            result = yield
-        except BaseException:
-            try:
-                self._judge(item)  # a failed test's timings still reach the report
-            except Exception:
-                pass
-            raise
-        fails, warns = self.state.problems(self._judge(item))
-        for message in warns:
-            warnings.warn(TimingRegressionWarning(message))
-        if fails:
-            pytest.fail("timing regression:\n" + "\n".join(fails), pytrace=False)
-        return result
-
-    def pytest_runtest_logreport(self, report):
-        if report.when == "call":
-            self.state.collect(report.nodeid, report.outcome, report.user_properties)
-
-    def pytest_sessionfinish(self, session):
-        if hasattr(self.config, "workerinput") or not self.state.records or not self.session.is_primary:
-            return
-        from .timing import plots, report
-
-        found = [(rec.nodeid, rec.outcome, d) for rec, d in self.state.measurements()]
-        self.rows = report.build_rows(found)
-        self.notes = self.state.fingerprint_notes()  # before saving: what this run was judged by
-        if self.state.options.save:
-            self.lines += self.state.save_baselines()
-        for path in self.state.options.report_paths:
-            report.write(path, self.rows, found, self.notes)
-            self.lines.append(f"report written to {path}")
-        plot_dir = self.state.options.plot_dir
-        if plot_dir is not None:
-            if plots.available():
-                files = plots.draw(self.rows, plot_dir)
-                self.lines.append(f"{len(files)} chart(s) drawn in {plot_dir}")
-            else:
-                self.lines.append("--mgpu-plot: matplotlib is not installed (pip install pytest-mgpu[plot])")
-
-    def pytest_terminal_summary(self, terminalreporter):
-        if not self.rows:
-            return
-        from .timing.report import table
-
-        terminalreporter.section("pytest-mgpu timing")
-        for line in self.notes:
-            terminalreporter.write_line(line)
-        terminalreporter.write_line(table(self.rows))
-        for line in self.lines:
             terminalreporter.write_line(line)
 
 

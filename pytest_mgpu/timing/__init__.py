@@ -1,13 +1,18 @@
-"""Timing of distributed steps: measure in ranks, judge against hardware-keyed baselines, report.
+"""Timing of distributed steps: measure in ranks, judge against hardware-keyed launch histories, report.
 
-measure    ``benchmark(dist, fn, ...)`` -> ``Measurement`` (``TaskSpec`` says what ran)
-gate       Mann-Whitney U and effect size -> ``Verdict``
-baselines  one readable JSON file per hardware fingerprint, atomic merges
-state      the per-process bookkeeping the plugin keeps in its stash
-report     rows, speed-up and efficiency; terminal/Markdown/JSON/CSV
-plots      PNG charts (matplotlib, optional)
+measure      ``benchmark(dist, fn, ...)`` -> ``Measurement`` (``TaskSpec`` says what ran)
+inrank       the rank side: warmup, then step and in-run reference A B A B, peak memory
+reference    the fixed reference workload and its hash
+stats        pure statistics: Mann-Whitney U, Student's t (no scipy)
+rule         the gate: x = ln(step/reference) vs the launch history (t prediction interval + effect)
+gate         the previous rule (Mann-Whitney vs one launch), for comparison and information
+fingerprint  the hardware fingerprint baseline files are named by
+baselines    one readable JSON file per fingerprint, a history of launches per measurement
+state        the per-process bookkeeping of the timing plugin
+messages     verdict cells and failure text; report: rows and Markdown/JSON/CSV; plots: PNG charts
+plugin       the pytest hooks, registered from pytest_configure; compare: ``python -m pytest_mgpu compare``
 """
-from .gate import Verdict, judge, mann_whitney
 from .measure import Measurement, TaskSpec, benchmark
+from .rule import HistoryVerdict, Status, judge_history
 
-__all__ = ["Measurement", "TaskSpec", "Verdict", "benchmark", "judge", "mann_whitney"]
+__all__ = ["HistoryVerdict", "Measurement", "Status", "TaskSpec", "benchmark", "judge_history"]

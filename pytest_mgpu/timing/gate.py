@@ -1,5 +1,7 @@
-"""The regression rule: a timing fails its baseline only if it is significantly slower (one-sided
-Mann-Whitney U on the samples) AND the effect is large (median ratio over the threshold).
+"""The previous regression rule (before issue 13), kept for ``benchmarks/gate_power.py``'s side-by-side
+comparison and as information: significantly slower iterations (one-sided Mann-Whitney U) than ONE
+stored launch AND a median over the threshold. The gate itself now uses ``rule`` (launch history);
+on a shared machine this rule judges the machine's mood between launches (26.5% false alarms).
 
 Significance alone flags tiny, real but irrelevant shifts (timed samples within a run are tight, so
 any drift becomes "significant"); a bare percentage (pytest-benchmark's rule) flags noise when
@@ -15,13 +17,12 @@ from dataclasses import asdict, dataclass
 from typing import Optional, Sequence
 
 from .measure import fmt_time
+from .stats import MannWhitney, mann_whitney, min_p
+
+__all__ = ["MannWhitney", "Verdict", "judge", "mann_whitney", "min_p"]
 
 ALPHA = 0.01  # significance level of the one-sided test
 DEFAULT_THRESHOLD = 0.10  # effect size: the median must be this much slower (10%)
-
-class TimingRegressionWarning(UserWarning):
-    """A measurement is significantly slower than its baseline, in a run where that only warns."""
-
 
 # verdict statuses
 NEW = "new"  # no baseline for this fingerprint: recorded, never a failure
@@ -29,67 +30,6 @@ SAME = "same"  # no significant and large change
 SLOWER = "slower"  # significant and over the threshold: a regression
 FASTER = "faster"  # significant and over the threshold the other way: re-record the baseline
 UNDECIDABLE = "too few samples"  # so few samples that no outcome could be significant at ALPHA
-
-
-@dataclass(frozen=True)
-class MannWhitney:
-    """One-sided Mann-Whitney U test of "x tends to be larger than y"."""
-
-    u: float  # U statistic of x
-    z: float
-    p_greater: float  # p-value of H1: x stochastically larger than y
-    p_less: float  # p-value of H1: x stochastically smaller than y
-    n_x: int
-    n_y: int
-
-
-def _ranks(values: Sequence[float]):
-    """Mid-ranks (1-based) of ``values`` and the sizes of tied groups."""
-    order = sorted(range(len(values)), key=values.__getitem__)
-    ranks = [0.0] * len(values)
-    ties = []
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        mid = (i + j) / 2.0 + 1.0
-        for k in range(i, j + 1):
-            ranks[order[k]] = mid
-        if j > i:
-            ties.append(j - i + 1)
-        i = j + 1
-    return ranks, ties
-
-
-def _sf(z: float) -> float:
-    """Survival function of the standard normal."""
-    return 0.5 * math.erfc(z / math.sqrt(2.0))
-
-
-def mann_whitney(x: Sequence[float], y: Sequence[float]) -> MannWhitney:
-    """U test with the normal approximation, tie correction and continuity correction."""
-    n1, n2 = len(x), len(y)
-    if n1 == 0 or n2 == 0:
-        raise ValueError("mann_whitney needs at least one sample on each side")
-    ranks, ties = _ranks(list(x) + list(y))
-    u1 = sum(ranks[:n1]) - n1 * (n1 + 1) / 2.0
-    n = n1 + n2
-    mu = n1 * n2 / 2.0
-    tie_term = sum(t**3 - t for t in ties) / (n * (n - 1)) if n > 1 else 0.0
-    var = n1 * n2 / 12.0 * ((n + 1) - tie_term)
-    if var <= 0:  # every value tied: no evidence either way
-        return MannWhitney(u1, 0.0, 1.0, 1.0, n1, n2)
-    sd = math.sqrt(var)
-    u2 = n1 * n2 - u1
-    p_greater = min(1.0, _sf((u1 - mu - 0.5) / sd))
-    p_less = min(1.0, _sf((u2 - mu - 0.5) / sd))
-    return MannWhitney(u1, (u1 - mu) / sd, p_greater, p_less, n1, n2)
-
-
-def min_p(n_x: int, n_y: int) -> float:
-    """The smallest one-sided p-value that samples of these sizes can give (complete separation)."""
-    return mann_whitney([float(n_y + i) for i in range(n_x)], [float(i) for i in range(n_y)]).p_greater
 
 
 @dataclass(frozen=True)

@@ -3,30 +3,28 @@
 Split as in ``torch.utils.benchmark``: a ``TaskSpec`` says what ran (function, strategy, group,
 world size, batch), a ``Measurement`` what came out (samples per iteration and per rank, memory).
 
-Every rank times its own iterations: a barrier first so that ranks start together, then
-``torch.cuda.synchronize`` on every GPU the rank touched before reading the clock at both ends
-(``torch.utils.benchmark`` synchronizes only the current device, which under-times model-parallel
-steps). An iteration's step time is its slowest rank's: the others wait for it at the next
-collective. Counts are agreed between ranks (an all_reduce of the calibration time), since ranks
-that disagree on the number of barriers would hang.
+The rank side (barriers, syncs, the A B A B loop with the in-run reference) is in ``inrank``. An
+iteration's step time is its slowest rank's: the others wait for it at the next collective; the
+same for the reference. A measurement whose samples are not sane is re-measured once and, if still
+unstable, marked so (never judged or saved); non-finite samples are refused, naming the rank.
 """
 from __future__ import annotations
 
 import functools
 import math
 import statistics
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from ..launch.protocol import FnRef, pack_call
+from ..launch.protocol import pack_call
+from .inrank import DEFAULT_MIN_RUN_TIME, LoopConfig, RankTiming, rank_loop
+from .reference import REFERENCE_HASH
 
-MIN_REPEAT = 5  # fewer samples cannot reach p < 0.01 in the gate's U test (see gate.min_p)
-MAX_REPEAT = 500
-MIN_WARMUP = 2  # the first iteration is cold (allocator, cudnn autotune, lazy init)
-MAX_WARMUP = 20
-STABLE = 0.10  # warmup ends when two consecutive iterations agree within 10%
-DEFAULT_MIN_RUN_TIME = 1.0  # seconds of timed iterations when `repeat` is not given
+# Sanity limits of one measurement (issue 13: a split-size sweep gave a single-device median of
+# 2.916 s with an IQR of 1.9 s in one run and 298.7 ms in an identical one). Beyond these the
+# samples do not describe one speed: re-measure once, then mark the measurement unstable.
+UNSTABLE_IQR = 0.6  # IQR over the median (the report that asked for this: 65%)
+UNSTABLE_DRIFT = 1.0  # first third's median vs last third's, either way (2x)
 
 
 # -- what ran ---------------------------------------------------------------------------------------
@@ -67,19 +65,6 @@ class TaskSpec:
         return kind + (", emulated)" if self.emulated else ")")
 
 
-@dataclass
-class RankTiming:
-    """What one rank measured; crosses the process boundary."""
-
-    rank: int
-    samples: List[float]
-    warmup_samples: List[float]
-    devices: List[str]
-    peak_mem_bytes: Optional[int]
-    mem_source: str
-    threads: int
-
-
 # -- what came out ----------------------------------------------------------------------------------
 def fmt_time(seconds: Optional[float]) -> str:
     if seconds is None or math.isnan(seconds):
@@ -113,6 +98,21 @@ class Measurement:
     warmup: int  # warmup iterations that ran
     peak_mem_bytes: List[Optional[int]] = field(default_factory=list)  # per rank
     mem_source: str = ""
+    reference_samples: List[float] = field(default_factory=list)  # the in-run reference, per iteration
+    reference_hash: str = ""  # which reference workload (reference.REFERENCE_HASH) produced them
+    unstable: str = ""  # why the samples do not describe one speed (after one re-measurement)
+    remeasured: int = 0  # re-measurements taken: for instability, or to confirm a flagged regression
+    remeasure: Optional[Callable[[], "Measurement"]] = field(default=None, repr=False, compare=False)
+
+    @property
+    def reference_median(self) -> Optional[float]:
+        return statistics.median(self.reference_samples) if self.reference_samples else None
+
+    @property
+    def x(self) -> Optional[float]:
+        """The gate's statistic of this launch: ln(step median / reference median)."""
+        ref = self.reference_median
+        return math.log(self.median / ref) if ref and self.median > 0 else None
 
     @property
     def median(self) -> float:
@@ -182,188 +182,46 @@ class Measurement:
             "rank_medians_s": self.rank_medians,
             "slowest_rank": self.slowest_rank,
             "skew": self.skew,
+            "reference_samples_s": list(self.reference_samples),
+            "reference_median_s": self.reference_median,
+            "reference_hash": self.reference_hash,
+            "x": self.x,
+            "unstable": self.unstable,
+            "remeasured": self.remeasured,
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> "Measurement":
         task = TaskSpec(**{k: v for k, v in d["task"].items() if k in TaskSpec.__dataclass_fields__})
         return cls(task, list(d["samples_s"]), [list(s) for s in d["rank_samples_s"]], d["warmup"],
-                   list(d.get("peak_mem_bytes", [])), d.get("mem_source", ""))
+                   list(d.get("peak_mem_bytes", [])), d.get("mem_source", ""),
+                   list(d.get("reference_samples_s") or []), d.get("reference_hash", ""),
+                   d.get("unstable", ""), d.get("remeasured", 0))
 
 
-# -- inside a rank ----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class LoopConfig:
-    warmup: Optional[int]
-    repeat: Optional[int]
-    min_run_time: float
+def instability(samples: Sequence[float]) -> str:
+    """Why ``samples`` do not describe one speed ('' when they do): spread or drift too large."""
+    if len(samples) < 3:
+        return ""
+    med = statistics.median(samples)
+    q1, q3 = _quartiles(samples)
+    if med > 0 and (q3 - q1) / med > UNSTABLE_IQR:
+        return f"IQR {(q3 - q1) / med * 100:.0f}% of the median (limit {UNSTABLE_IQR * 100:.0f}%)"
+    third = max(1, len(samples) // 3)
+    first, last = statistics.median(samples[:third]), statistics.median(samples[-third:])
+    if min(first, last) > 0 and max(first, last) / min(first, last) > 1 + UNSTABLE_DRIFT:
+        return (f"samples drifted from {fmt_time(first)} to {fmt_time(last)} within the run "
+                f"(limit {UNSTABLE_DRIFT * 100:.0f}%)")
+    return ""
 
 
-class _HeapPeak:
-    """Peak bytes in use on the C heap (glibc ``mallinfo2``) while a step runs, sampled by a thread.
-
-    CPU tensors come from malloc, and torch keeps no CPU allocator statistics; RSS is no substitute
-    (freed memory stays resident in malloc's arenas, so a peak RSS mostly says how much was ever
-    used). Sampling every millisecond misses only allocations shorter than that.
-    """
-
-    def __init__(self):
-        import ctypes
-
-        class _Info(ctypes.Structure):
-            _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
-                                                        "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-        try:
-            fn = ctypes.CDLL(None).mallinfo2
-        except (OSError, AttributeError):
-            self._fn = None
-            return
-        fn.restype = _Info
-        self._fn = fn
-
-    @property
-    def available(self) -> bool:
-        return self._fn is not None
-
-    def in_use(self) -> int:
-        info = self._fn()
-        return int(info.uordblks + info.hblkhd)
-
-    def during(self, step: Callable[[], Any], interval_s: float = 0.001) -> int:
-        import threading
-
-        peak = [self.in_use()]
-        done = threading.Event()
-
-        def sample():
-            while not done.is_set():
-                peak[0] = max(peak[0], self.in_use())
-                done.wait(interval_s)
-
-        t = threading.Thread(target=sample, name="mgpu-heap-sampler", daemon=True)
-        t.start()
-        try:
-            step()
-        finally:
-            done.set()
-            t.join()
-        return max(peak[0], self.in_use())
-
-
-class _Clock:
-    """Barrier, device sync and agreement for one rank."""
-
-    def __init__(self, ctx):
-        import torch
-        import torch.distributed as tdist
-
-        self.torch, self.tdist, self.ctx = torch, tdist, ctx
-        self.world = tdist.get_world_size() if tdist.is_available() and tdist.is_initialized() else 1
-        self.cuda: List[int] = []
-        if ctx.device_type == "cuda":
-            # every GPU the rank holds, not just the current one: a DataParallel or model-parallel
-            # step may still be running on another when the current device is done
-            own = [] if ctx.device_index is None else [ctx.device_index]
-            self.cuda = sorted(set(own) | set(ctx.devices))
-
-    def sync(self) -> None:
-        for i in self.cuda:
-            self.torch.cuda.synchronize(i)
-
-    def align(self) -> None:
-        if self.world > 1:
-            if self.ctx.backend == "nccl" and self.ctx.device_index is not None:
-                self.tdist.barrier(device_ids=[self.ctx.device_index])
-            else:
-                self.tdist.barrier()
-        self.sync()
-
-    def time(self, step: Callable[[], Any]) -> float:
-        self.align()
-        t0 = time.perf_counter()
-        step()
-        self.sync()
-        return time.perf_counter() - t0
-
-    def agree_max(self, value: float) -> float:
-        """The largest ``value`` over ranks: every rank takes the same decision from it."""
-        if self.world == 1:
-            return value
-        dev = self.torch.device("cuda", self.ctx.device_index) if self.ctx.backend == "nccl" else "cpu"
-        t = self.torch.tensor([value], dtype=self.torch.float64, device=dev)
-        self.tdist.all_reduce(t, op=self.tdist.ReduceOp.MAX)
-        return float(t.item())
-
-
-def _calibrated_repeat(estimate: float, min_run_time: float) -> int:
-    if estimate <= 0:
-        return MAX_REPEAT
-    return int(min(MAX_REPEAT, max(MIN_REPEAT, math.ceil(min_run_time / estimate))))
-
-
-def rank_loop(fn_ref: FnRef, args: tuple, kwargs: dict, loop: LoopConfig) -> RankTiming:
-    """Runs in every rank (through ``dist.run``): set up, warm up, time, measure memory."""
-    import torch
-
-    from .._context import rank_context
-
-    ctx = rank_context()
-    fn = fn_ref.resolve()
-    heap = _HeapPeak() if ctx.device_type != "cuda" else None
-    if heap is not None and heap.available:
-        import gc
-
-        gc.collect()  # a warm rank may still hold garbage of an earlier call
-        heap_before = heap.in_use()
-    else:
-        heap_before = None
-    made = fn(*args, **kwargs)
-    step = made if callable(made) else functools.partial(fn, *args, **kwargs)
-    clock = _Clock(ctx)
-
-    warm: List[float] = []
-    if loop.warmup is not None:
-        for _ in range(loop.warmup):
-            warm.append(clock.time(step))
-    else:
-        spent = 0.0
-        while len(warm) < MAX_WARMUP:
-            dt = clock.agree_max(clock.time(step))
-            warm.append(dt)
-            spent += dt
-            if len(warm) >= MIN_WARMUP and (
-                abs(warm[-1] - warm[-2]) <= STABLE * min(warm[-1], warm[-2]) or spent >= loop.min_run_time
-            ):
-                break
-
-    samples: List[float] = []
-    repeat = loop.repeat
-    if repeat is None and warm:
-        estimate = warm[-1] if loop.warmup is None else clock.agree_max(warm[-1])
-        repeat = _calibrated_repeat(estimate, loop.min_run_time)
-
-    if ctx.device_type == "cuda":
-        for i in clock.cuda:
-            torch.cuda.reset_peak_memory_stats(i)
-    if repeat is None:  # no warmup to estimate from: the first timed iteration decides
-        samples.append(clock.time(step))
-        repeat = _calibrated_repeat(clock.agree_max(samples[0]), loop.min_run_time)
-    while len(samples) < repeat:
-        samples.append(clock.time(step))
-
-    if ctx.device_type == "cuda":
-        peak = sum(torch.cuda.max_memory_allocated(i) for i in clock.cuda)
-        source = "cuda max_memory_allocated"
-    elif heap_before is not None:
-        # one more, untimed iteration under the sampler: a sampling thread would disturb the timing
-        clock.align()
-        peak = max(0, heap.during(step) - heap_before)
-        source = "peak C heap in use above the rank's start (one extra iteration)"
-    else:
-        peak, source = None, "not measured (no mallinfo2 on this platform)"
-    devices = [f"cuda:{i}" for i in clock.cuda] or ["cpu"]
-    return RankTiming(ctx.rank, samples, warm, devices, peak, source, torch.get_num_threads())
+def refuse_non_finite(timings: Sequence[RankTiming]) -> None:
+    """NaN or inf step times would poison every statistic downstream: say which rank gave them."""
+    for t in timings:
+        bad = [v for v in list(t.samples) + list(t.reference_samples) if not math.isfinite(v)]
+        if bad:
+            raise ValueError(f"dist.benchmark: rank {t.rank} produced non-finite times ({bad[0]!r}); "
+                             "the measurement is refused. Is the clock or a patched time function broken?")
 
 
 # -- in the test process ----------------------------------------------------------------------------
@@ -418,11 +276,8 @@ def benchmark(
         raise ValueError(f"dist.benchmark: min_run_time must be a positive number of seconds, got {min_run_time!r}")
     ref, _ = pack_call(fn, args, kwargs)  # clear errors for unsendable functions and arguments
     loop = LoopConfig(warmup, repeat, float(min_run_time or DEFAULT_MIN_RUN_TIME))
-    if single_process:
-        timings = [dist.run_single(rank_loop, ref, args, kwargs, loop, timeout=timeout)]
-    else:
-        timings = dist.run(rank_loop, ref, args, kwargs, loop, timeout=timeout)
-
+    run = functools.partial(_launch, dist, ref, args, kwargs, loop, single_process, timeout)
+    timings = run()
     label = getattr(dist, "label", "dist.benchmark")
     strategy = strategy or name or fn.__name__
     name = name or strategy
@@ -433,31 +288,47 @@ def benchmark(
         while name in taken:
             name, k = f"{base}#{k}", k + 1
     task = TaskSpec(
-        name=name,
-        label=label,
-        fn=f"{ref.module}:{ref.qualname}",
-        strategy=strategy,
-        group=group or label.split("[", 1)[0].rsplit("::", 1)[-1],
-        world_size=dist.world_size,
-        processes=len(timings),
-        backend=dist.backend,
-        device_type=dist.device_type,
-        emulated=dist.emulated,
-        batch_size=batch_size,
-        params=dict(params or {}),
-        warmup=warmup,
-        repeat=repeat,
+        name=name, label=label, fn=f"{ref.module}:{ref.qualname}", strategy=strategy,
+        group=group or label.split("[", 1)[0].rsplit("::", 1)[-1], world_size=dist.world_size,
+        processes=len(timings), backend=dist.backend, device_type=dist.device_type, emulated=dist.emulated,
+        batch_size=batch_size, params=dict(params or {}), warmup=warmup, repeat=repeat,
         min_run_time=loop.min_run_time,
     )
-    per_iteration = [max(col) for col in zip(*(t.samples for t in timings))]
-    m = Measurement(
-        task=task,
-        samples=per_iteration,
-        rank_samples=[t.samples for t in timings],
-        warmup=len(timings[0].warmup_samples),
-        peak_mem_bytes=[t.peak_mem_bytes for t in timings],
-        mem_source=timings[0].mem_source,
-    )
+    m = _assemble(task, timings)
+    if m.unstable:  # once more; if it stays unstable it is marked, and never judged or saved
+        m = _assemble(task, run(), remeasured=1)
+    m.remeasure = functools.partial(_remeasure, task, run, m.remeasured)
     if recorded is not None:
         recorded.append(m)
     return m
+
+
+def _launch(dist, ref, args, kwargs, loop: LoopConfig, single_process: bool, timeout) -> List[RankTiming]:
+    if single_process:
+        timings = [dist.run_single(rank_loop, ref, args, kwargs, loop, timeout=timeout)]
+    else:
+        timings = dist.run(rank_loop, ref, args, kwargs, loop, timeout=timeout)
+    refuse_non_finite(timings)
+    return timings
+
+
+def _assemble(task: TaskSpec, timings: Sequence[RankTiming], remeasured: int = 0) -> Measurement:
+    """One Measurement from every rank's timings: per iteration, the slowest rank's time."""
+    m = Measurement(
+        task=task,
+        samples=[max(col) for col in zip(*(t.samples for t in timings))],
+        rank_samples=[list(t.samples) for t in timings],
+        warmup=len(timings[0].warmup_samples),
+        peak_mem_bytes=[t.peak_mem_bytes for t in timings],
+        mem_source=timings[0].mem_source,
+        reference_samples=[max(col) for col in zip(*(t.reference_samples for t in timings))],
+        reference_hash=REFERENCE_HASH if timings[0].reference_samples else "",
+        remeasured=remeasured,
+    )
+    m.unstable = instability(m.samples)
+    return m
+
+
+def _remeasure(task: TaskSpec, run: Callable[[], List[RankTiming]], before: int) -> Measurement:
+    """The same measurement launched again (the gate's confirmation of a flagged regression)."""
+    return _assemble(task, run(), remeasured=before + 1)

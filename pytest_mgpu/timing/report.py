@@ -13,8 +13,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from . import gate
+from . import messages
 from .measure import fmt_bytes, fmt_time
+from .rule import Status
+
+REPORT_FORMAT = "pytest-mgpu timing report 2"
+TERMINAL_WIDTH = 120
 
 REFERENCE_STRATEGIES = ("single", "whole", "baseline")  # preferred one-device rows of a group
 
@@ -45,6 +49,8 @@ class Row:
     verdict: Optional[dict]
     gate_mode: str
     fingerprint: str
+    measurement: Dict[str, object]  # the judged measurement dict the row came from
+    unstable: str = ""
     speedup: Optional[float] = None
     efficiency: Optional[float] = None
     reference: str = ""  # the row the speed-up is relative to
@@ -57,18 +63,18 @@ class Row:
 
     @property
     def verdict_cell(self) -> str:
-        status = self.verdict["status"] if self.verdict else "-"
-        if status == gate.SLOWER:
-            status = "SLOWER (failed)" if self.gate_mode == "fail" else "slower (warned)"
-        if self.outcome not in ("passed", "") and status != "SLOWER (failed)":
-            status += f"; test {self.outcome}"
-        return status
+        return messages.status_cell(self.measurement, self.outcome)
 
     @property
     def delta_cell(self) -> str:
-        if not self.verdict:
+        return messages.delta_cell(self.measurement)
+
+    @property
+    def efficiency_cell(self) -> str:
+        """Over 100% is flagged: more than linear scaling usually means the one-device row was slowed."""
+        if self.efficiency is None:
             return "-"
-        return gate.Verdict.from_dict(self.verdict).short()
+        return f"{self.efficiency * 100:.0f}%" + ("(!)" if self.efficiency > 1.0 + 1e-9 else "")
 
 
 def _row(test: str, outcome: str, d: dict) -> Row:
@@ -81,7 +87,7 @@ def _row(test: str, outcome: str, d: dict) -> Row:
         q1_s=d.get("q1_s", d["median_s"]), q3_s=d.get("q3_s", d["median_s"]), n=len(d["samples_s"]), throughput=d.get("throughput"), slowest_rank=d["slowest_rank"],
         skew=d["skew"], ranks=len(d["rank_samples_s"]), peak_mem_bytes=max(mems) if mems else None,
         outcome=outcome, verdict=d.get("verdict"), gate_mode=d.get("gate_mode", ""),
-        fingerprint=d.get("fingerprint_key", ""),
+        fingerprint=d.get("fingerprint_key", ""), measurement=d, unstable=d.get("unstable", ""),
     )
 
 
@@ -118,7 +124,8 @@ def build_rows(measurements: Iterable[Tuple[str, str, dict]]) -> List[Row]:
 
 # -- rendering ----------------------------------------------------------------------------------
 HEADERS = ["group", "strategy", "W", "emulated", "median", "IQR", "samples/s", "speed-up", "efficiency",
-           "slowest rank", "peak mem", "vs baseline", "verdict"]
+           "slowest rank", "peak mem", "vs history", "verdict"]
+TERMINAL = ["group", "strategy", "W", "median", "IQR", "speed-up", "eff.", "vs history", "verdict"]
 
 
 def _cells(r: Row) -> List[str]:
@@ -126,16 +133,34 @@ def _cells(r: Row) -> List[str]:
     return [
         r.group, r.label, str(r.world_size), "yes" if r.emulated else "no", fmt_time(r.median_s),
         fmt_time(r.iqr_s), f"{r.throughput:.1f}" if r.throughput else "-",
-        f"{r.speedup:.2f}x" if r.speedup is not None else "-",
-        f"{r.efficiency * 100:.0f}%" if r.efficiency is not None else "-", slow,
+        f"{r.speedup:.2f}x" if r.speedup is not None else "-", r.efficiency_cell, slow,
         fmt_bytes(r.peak_mem_bytes), r.delta_cell, r.verdict_cell,
     ]
 
 
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "~"
+
+
+def _terminal_cells(r: Row) -> List[str]:
+    return [_clip(r.group, 26), _clip(r.label, 22), str(r.world_size), fmt_time(r.median_s), fmt_time(r.iqr_s),
+            f"{r.speedup:.2f}x" if r.speedup is not None else "-", r.efficiency_cell, r.delta_cell,
+            _clip(r.verdict_cell, 24)]
+
+
 def table(rows: Sequence[Row], tablefmt: str = "simple") -> str:
+    """The full table (Markdown, files); the terminal gets ``terminal_table``."""
     from tabulate import tabulate
 
     return tabulate([_cells(r) for r in rows], headers=HEADERS, tablefmt=tablefmt, disable_numparse=True)
+
+
+def terminal_table(rows: Sequence[Row]) -> str:
+    """At most TERMINAL_WIDTH columns: the details (memory, throughput, ranks) are in the reports."""
+    from tabulate import tabulate
+
+    return tabulate([_terminal_cells(r) for r in rows], headers=TERMINAL, tablefmt="simple",
+                    disable_numparse=True)
 
 
 def markdown(rows: Sequence[Row], notes: Sequence[str] = ()) -> str:
@@ -144,13 +169,13 @@ def markdown(rows: Sequence[Row], notes: Sequence[str] = ()) -> str:
     out += [f"- {n.strip()}" for n in notes]
     out += ["", table(rows, "github"), ""]
     out.append("Speed-up is over the group's one-device row (throughput when the batch size is known); "
-               "efficiency is speed-up / devices. Verdicts: one-sided Mann-Whitney U on the samples and an "
-               "effect size over the threshold.")
-    regress = [r for r in rows if r.verdict and r.verdict["status"] == gate.SLOWER]
-    if regress:
-        out += ["", "### Slower than baseline", ""]
-        for r in regress:
-            out.append(f"- `{r.key}` {gate.Verdict.from_dict(r.verdict).format()}")
+               "efficiency is speed-up / devices, (!) over 100%. vs history: this launch's ln(step/reference) "
+               "against the recorded launches' (one-sided t prediction interval and the effect size).")
+    judged = [r for r in rows if r.verdict and r.verdict["status"] not in (Status.NEW.value,)]
+    if judged:
+        out += ["", "### Verdicts", ""]
+        for r in judged:
+            out.append(f"- `{r.key}` {messages.describe(r.measurement)}")
     return "\n".join(out) + "\n"
 
 
@@ -167,30 +192,42 @@ def to_csv(rows: Sequence[Row]) -> str:
     for r in rows:
         d = asdict(r)
         v = r.verdict or {}
-        d.update(params=json.dumps(r.params, sort_keys=True), baseline_median_s=v.get("baseline_median"),
-                 ratio=v.get("ratio"), p_value=v.get("p_value"), verdict=v.get("status"))
+        ratio = math.exp(v["x"] - v["center"]) if v.get("x") is not None and v.get("center") is not None else None
+        d.update(params=json.dumps(r.params, sort_keys=True), baseline_median_s=r.measurement.get("history_median_s"),
+                 ratio=ratio, p_value=v.get("p_value"), verdict=v.get("status"))
         w.writerow({k: d.get(k) for k in CSV_FIELDS})
     return buf.getvalue()
 
 
-def to_json(rows: Sequence[Row], measurements: Sequence[Tuple[str, str, dict]], notes: Sequence[str]) -> str:
-    """Rows plus every measurement's raw samples, fingerprint and verdict."""
+def to_json(rows: Sequence[Row], measurements: Sequence[Tuple[str, str, dict]], notes: Sequence[str],
+            meta: Optional[Dict[str, object]] = None) -> str:
+    """Rows plus every measurement's raw samples, fingerprint and verdict; ``meta``: plugin version,
+    commit, fingerprints (``compare`` reads these files back)."""
     doc = {
+        "format": REPORT_FORMAT,
+        **(meta or {}),
         "notes": list(notes),
-        "rows": [dict(asdict(r), label=r.label) for r in rows],
+        "rows": [{k: v for k, v in dict(asdict(r), label=r.label).items() if k != "measurement"} for r in rows],
         "measurements": [dict(d, test=test, outcome=outcome) for test, outcome, d in measurements],
     }
     return json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n"
 
 
 def write(path: Path, rows: Sequence[Row], measurements: Sequence[Tuple[str, str, dict]],
-          notes: Sequence[str] = ()) -> Path:
-    """Write the report as Markdown, JSON or CSV, by the file's extension."""
+          notes: Sequence[str] = (), meta: Optional[Dict[str, object]] = None) -> Path:
+    """Write the report as Markdown, JSON or CSV, by the file's extension. Without an extension it
+    is Markdown APPENDED to the file, so that ``--mgpu-report=$GITHUB_STEP_SUMMARY`` adds to a CI
+    job's summary instead of replacing what earlier steps wrote."""
     suffix = path.suffix.lower()
+    if suffix == "":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(markdown(rows, notes))
+        return path
     if suffix == ".md":
         text = markdown(rows, notes)
     elif suffix == ".json":
-        text = to_json(rows, measurements, notes)
+        text = to_json(rows, measurements, notes, meta)
     elif suffix == ".csv":
         text = to_csv(rows)
     else:

@@ -1,5 +1,5 @@
 """The timing side of one pytest process: options, the gate's verdicts, records per test id, and what
-is written at the end. Kept apart from the core's session; plugin.py reaches it through the stash."""
+is written at the end. Kept apart from the core's session; ``timing.plugin`` holds it."""
 from __future__ import annotations
 
 import json
@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
-from ..environment import Fingerprint
-from . import gate
-from .baselines import BaselineStore, entry_from
+from . import rule
+from .baselines import BaselineStore, Launch, NewLaunch, utc_now
+from .fingerprint import Fingerprint
 from .measure import Measurement
+from .stats import mann_whitney
 
 GATE_MODES = ("auto", "fail", "warn")
 PROPERTY = "mgpu_timing"  # user property (JSON text): the test's measurements with verdicts
@@ -25,8 +26,8 @@ class TimingOptionError(ValueError):
 class TimingOptions:
     baselines_dir: Path
     save: bool = False
-    threshold: float = gate.DEFAULT_THRESHOLD  # fraction: 0.10 = 10% slower
-    gate: str = "auto"  # auto: fail on real GPUs, warn on emulated CPU ranks
+    threshold: float = rule.DEFAULT_THRESHOLD  # fraction: 0.10 = 10% slower
+    gate: str = "auto"  # auto: fail once a measurement's history is long enough (GPUs and CPU ranks)
     report_paths: Tuple[Path, ...] = ()
     plot_dir: Optional[Path] = None
 
@@ -42,7 +43,7 @@ class TimingOptions:
             return v if v not in (None, "") else (ini(name) or None)
 
         raw = pick("mgpu_regression")
-        threshold = gate.DEFAULT_THRESHOLD
+        threshold = rule.DEFAULT_THRESHOLD
         if raw is not None:
             text = str(raw).strip().rstrip("%")
             try:
@@ -63,8 +64,9 @@ class TimingOptions:
         raw_reports = option("mgpu_report") or []
         reports = tuple(here / str(r) for r in ([raw_reports] if isinstance(raw_reports, str) else raw_reports))
         for report in reports:
-            if report.suffix.lower() not in (".md", ".json", ".csv"):
-                raise TimingOptionError(f"--mgpu-report writes .md, .json or .csv (by extension), got {report}")
+            if report.suffix.lower() not in ("", ".md", ".json", ".csv"):
+                raise TimingOptionError(f"--mgpu-report writes .md, .json or .csv (by extension; no extension: "
+                                        f"Markdown appended, as for $GITHUB_STEP_SUMMARY), got {report}")
         plots = option("mgpu_plot")
         return cls(
             baselines_dir=bdir,
@@ -75,11 +77,12 @@ class TimingOptions:
             plot_dir=here / str(plots) if plots else None,
         )
 
-    def mode_for(self, emulated: bool) -> str:
-        """What a regression does: 'fail' or 'warn'. Emulated CPU ranks warn by default: their times
-        move with whatever else shares the CPU (see README, measured false-alarm rate)."""
+    def mode_for(self, shared_cores: bool) -> str:
+        """What a regression does: 'fail' or 'warn'. ``auto`` fails on GPUs and on emulated CPU ranks
+        alike (the history rule holds its false-alarm rate on the shared machine, README), except
+        under xdist, where tests time each other's load: there it only warns."""
         if self.gate == "auto":
-            return "warn" if emulated else "fail"
+            return "warn" if shared_cores else "fail"
         return self.gate
 
 
@@ -92,12 +95,13 @@ class TestTiming:
     measurements: List[dict]
 
 
+
 @dataclass
 class TimingState:
     options: TimingOptions
     fingerprint_of: Callable[[str], Fingerprint]  # device type -> this machine's fingerprint
+    shared_cores: bool = False  # under xdist: tests run at once and time each other's load
     records: Dict[str, TestTiming] = field(default_factory=dict)
-    written: List[str] = field(default_factory=list)  # lines for the terminal summary
     _fps: Dict[str, Fingerprint] = field(default_factory=dict)
     _store: Optional[BaselineStore] = None
 
@@ -113,17 +117,38 @@ class TimingState:
         return self._fps[device_type]
 
     # -- in the process that ran the test (an xdist worker, or the only one) ------------------------
+    def verdict(self, m: Measurement) -> Tuple[rule.HistoryVerdict, str, Optional[float]]:
+        """(verdict, baseline source, Mann-Whitney p vs the latest recorded launch: information only).
+        A flagged measurement is re-measured once here (``Measurement.remeasure``) and judged on both."""
+        thr = self.options.threshold
+        fp = self.fingerprint(m.task.device_type)
+        if self.store.unreadable(fp):  # first: it concerns every measurement of this fingerprint
+            return rule.HistoryVerdict(rule.Status.UNREADABLE, m.x, 0, thr), "", None
+        if m.unstable:
+            return rule.HistoryVerdict(rule.Status.UNSTABLE, m.x, 0, thr), "", None
+        base = self.store.lookup(fp, m.task.key)
+        history = base.entry.history(m.reference_hash) if base else []
+        v = rule.judge_history(m.x, history, thr)
+        if v.flagged and m.remeasure is not None:
+            again = m.remeasure()
+            m.remeasured = again.remeasured
+            v = rule.confirm(v, rule.judge_history(again.x, history, thr))
+        p = None
+        if base is not None:
+            p = mann_whitney(m.samples, base.entry.latest_samples_s).p_greater
+        return v, (base.source if base else ""), p
+
     def judge(self, measurements: List[Measurement]) -> List[dict]:
         """Each measurement as plain data, with its fingerprint and the gate's verdict."""
         out = []
         for m in measurements:
             fp = self.fingerprint(m.task.device_type)
-            base = self.store.lookup(fp, m.task.key)
-            verdict = gate.judge(m.samples, base.samples if base else None, self.options.threshold,
-                                 baseline_source=base.source if base else "")
+            v, source, p = self.verdict(m)
             d = m.to_dict()
-            d.update(fingerprint=fp.to_dict(), fingerprint_key=fp.key(), verdict=verdict.to_dict(),
-                     gate_mode=self.options.mode_for(m.task.emulated))
+            d.update(fingerprint=fp.to_dict(), fingerprint_key=fp.key(), verdict=v.to_dict(),
+                     baseline_source=source, mann_whitney_p=p, gate_mode=self.options.mode_for(self.shared_cores))
+            base = self.store.lookup(fp, m.task.key)
+            d["history_median_s"] = base.entry.median_of_medians if base else None
             out.append(d)
         return out
 
@@ -138,13 +163,16 @@ class TimingState:
 
     @staticmethod
     def problems(judged: List[dict]) -> Tuple[List[str], List[str]]:
-        """(failures, warnings): regression messages, split by the gate mode of each measurement."""
+        """(failures, warnings): regression messages by gate mode, and warnings of short histories."""
+        from .messages import describe
+
         fails, warns = [], []
         for d in judged:
-            v = gate.Verdict.from_dict(d["verdict"])
-            if v.regression:
-                msg = f"{d['key']} {v.format()}"
-                (fails if d["gate_mode"] == "fail" else warns).append(msg)
+            v = rule.HistoryVerdict.from_dict(d["verdict"])
+            if v.status == rule.Status.SLOWER:
+                (fails if d["gate_mode"] == "fail" else warns).append(f"{d['key']} {describe(d)}")
+            elif v.status == rule.Status.LEARNING and v.ratio is not None and v.ratio > 1 + v.threshold:
+                warns.append(f"{d['key']} {describe(d)}")
         return fails, warns
 
     # -- in the controller --------------------------------------------------------------------------
@@ -158,46 +186,63 @@ class TimingState:
     def measurements(self) -> List[Tuple[TestTiming, dict]]:
         return [(rec, d) for rec in self.records.values() for d in rec.measurements]
 
-    def save_baselines(self) -> List[str]:
-        """Write the measurements of tests that passed into their fingerprints' files."""
-        by_fp: Dict[str, Tuple[Fingerprint, Dict[str, dict]]] = {}
-        skipped = 0
+    def save_baselines(self, commit: Optional[str], version: str) -> List[str]:
+        """Append this launch to the histories of measurements of tests that passed; never an
+        unstable measurement's."""
+        by_fp: Dict[str, Tuple[Fingerprint, Dict[str, NewLaunch]]] = {}
+        failed = unstable = 0
         for rec, d in self.measurements():
             if rec.outcome != "passed":
-                skipped += 1
-                continue
-            fp = Fingerprint.from_dict(d["fingerprint"])
-            by_fp.setdefault(fp.key(), (fp, {}))[1][d["key"]] = entry_from(d)
+                failed += 1
+            elif d.get("unstable"):
+                unstable += 1
+            else:
+                fp = Fingerprint.from_dict(d["fingerprint"])
+                by_fp.setdefault(fp.key(), (fp, {}))[1][d["key"]] = new_launch(d, commit, version)
         lines = []
-        for key, (fp, entries) in sorted(by_fp.items()):
-            path = self.store.save(fp, entries)
-            lines.append(f"baselines: {len(entries)} measurement(s) saved to {_rel(path)}")
-        if skipped:
-            lines.append(f"baselines: {skipped} measurement(s) of failed tests not saved")
+        for key, (fp, launches) in sorted(by_fp.items()):
+            path = self.store.save(fp, launches)
+            lines.append(f"baselines: {len(launches)} measurement(s) appended to their histories in {_rel(path)}")
+        if failed:
+            lines.append(f"baselines: {failed} measurement(s) of failed tests not saved")
+        if unstable:
+            lines.append(f"baselines: {unstable} unstable measurement(s) not saved")
         return lines
 
     def fingerprint_notes(self) -> List[str]:
-        """One line per fingerprint seen: which baseline file judged it, or that none exists."""
-        seen: Dict[str, Tuple[Fingerprint, int, int]] = {}
+        """One line per fingerprint seen: which baseline file judged it, or that none exists; and
+        every unreadable baseline file, once."""
+        seen: Dict[str, Tuple[Fingerprint, int]] = {}
         for _, d in self.measurements():
-            fp = Fingerprint.from_dict(d["fingerprint"])
-            k, new, total = seen.get(d["fingerprint_key"], (fp, 0, 0))
-            seen[d["fingerprint_key"]] = (fp, new + (d["verdict"]["status"] == gate.NEW), total + 1)
+            fp, total = seen.get(d["fingerprint_key"], (Fingerprint.from_dict(d["fingerprint"]), 0))
+            seen[d["fingerprint_key"]] = (fp, total + 1)
         lines = []
-        for key, (fp, new, total) in sorted(seen.items()):
-            modes = sorted({d["gate_mode"] for _, d in self.measurements() if d["fingerprint_key"] == key})
-            lines.append(f"fingerprint {key}: {fp.describe()}; gate: {'/'.join(modes)}, "
-                         f"threshold +{self.options.threshold * 100:g}%, alpha {gate.ALPHA:g}")
+        for key, (fp, total) in sorted(seen.items()):
+            lines.append(f"fingerprint {key}: {fp.describe()}")
             f, source = self.store.file_for(fp)
-            if f is None:
+            if f is None and not self.store.unreadable(fp):
                 lines.append(f"  no baseline for this fingerprint in {_rel(self.options.baselines_dir)}: "
                              f"{total} measurement(s) recorded, none judged"
                              + ("" if self.options.save else "; record them with --mgpu-save-baselines"))
-            elif new:
-                lines.append(f"  baseline {source}: {new} of {total} measurement(s) not in it (new)")
-            else:
-                lines.append(f"  baseline {source}")
+            elif f is not None:
+                lines.append(f"  baseline {source}; the gate decides from {rule.MIN_HISTORY} launches, "
+                             f"threshold +{self.options.threshold * 100:g}%, alpha {rule.ALPHA:g} per stage")
+        for path, problem in sorted(self.store.scan().items()):
+            lines.append(f"baseline file unreadable: {problem}. Its tests were measured as if no baseline "
+                         "existed; --mgpu-save-baselines keeps it aside as *.corrupt and writes a good one")
         return lines
+
+
+def new_launch(d: dict, commit: Optional[str], version: str) -> NewLaunch:
+    """What a baseline keeps of a judged measurement dict: this launch's figures, the samples of the
+    latest launch, and the labels the report needs."""
+    t = d["task"]
+    launch = Launch(when=utc_now(), median_s=d["median_s"], iqr_s=d["iqr_s"], n=len(d["samples_s"]),
+                    commit=commit, version=version, reference_median_s=d.get("reference_median_s"),
+                    reference_hash=d.get("reference_hash") or None, x=d.get("x"))
+    info = {"strategy": t["strategy"], "group": t["group"], "world_size": t["world_size"],
+            "batch_size": t.get("batch_size"), "params": t.get("params", {})}
+    return NewLaunch(launch, list(d["samples_s"]), info)
 
 
 def _rel(path) -> str:

@@ -1,0 +1,76 @@
+"""What the gate says about one judged measurement: the report's short cells and the failure text.
+
+Rendering only; the decision is ``rule``'s. Works on the plain dicts that travel between xdist
+workers, the controller and report files (``TimingState.judge``)."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from .measure import fmt_time
+from .rule import MIN_HISTORY, HistoryVerdict, Status, percent
+
+
+def verdict_of(d: dict) -> Optional[HistoryVerdict]:
+    v = d.get("verdict")
+    return HistoryVerdict.from_dict(v) if v else None
+
+
+def delta_cell(d: dict) -> str:
+    """The report's "vs history" cell: ``+23.1% (n=20)``; the ratio is reference-normalized."""
+    v = verdict_of(d)
+    if v is None or v.ratio is None:
+        return "-"
+    return f"{(v.ratio - 1) * 100:+.1f}% (n={v.n_history})"
+
+
+def status_cell(d: dict, outcome: str = "") -> str:
+    v = verdict_of(d)
+    if v is None:
+        return "-"
+    text = v.status.value
+    if v.status == Status.SLOWER:
+        text = "SLOWER (failed)" if d.get("gate_mode") == "fail" else "slower (warned)"
+    elif v.status == Status.LEARNING:
+        text = f"learning {v.n_history}/{MIN_HISTORY}"
+    elif v.status == Status.NEW and d.get("x") is not None:
+        text = f"new 0/{MIN_HISTORY}"
+    if outcome not in ("passed", "") and not text.startswith("SLOWER"):
+        text += f"; test {outcome}"
+    return text
+
+
+def describe(d: dict) -> str:
+    """One paragraph: what was compared (history median of medians and spread, the new figure,
+    ratio, confidence), where the baseline is, and what to do."""
+    v = verdict_of(d)
+    new = fmt_time(d.get("median_s"))
+    source = d.get("baseline_source") or "-"
+    if v is None or v.status == Status.NEW:
+        return f"no recorded launch (median {new}): recorded; save it with --mgpu-save-baselines"
+    if v.status == Status.UNSTABLE:
+        return f"unstable measurement ({d.get('unstable')}), even after re-measuring: not judged, not saved"
+    if v.status == Status.UNREADABLE:
+        return f"baseline unreadable: measured (median {new}) as if no baseline existed"
+    hist = fmt_time(d.get("history_median_s"))
+    spread = f"{(math.exp(v.spread) - 1) * 100:.1f}%" if v.spread is not None else "-"
+    ratio = f"x{v.ratio:.3f} ({(v.ratio - 1) * 100:+.1f}%)" if v.ratio is not None else "-"
+    text = (f"median {new} vs history median of medians {hist} over {v.n_history} launch(es) "
+            f"(spread {spread} sd of ln(step/reference)); reference-normalized ratio {ratio}, "
+            f"threshold +{v.threshold * 100:.0f}%")
+    if v.status == Status.LEARNING:
+        return (text + f"; {v.n_history} of {MIN_HISTORY} launches recorded: the gate decides from "
+                f"{MIN_HISTORY} (baseline {source}). Record more with --mgpu-save-baselines")
+    text += f", confidence {percent(v.confidence)} (one-sided t prediction interval, alpha {v.alpha:g})"
+    if v.x_again is not None and v.ratio is not None:
+        again = math.exp(v.x_again - v.center) if v.center is not None else None
+        text += f"; re-measured: {(again - 1) * 100:+.1f}%" if again is not None else ""
+    text += f"; baseline: {source}"
+    if d.get("mann_whitney_p") is not None:
+        text += f"; Mann-Whitney vs the latest launch p={d['mann_whitney_p']:.2g} (information only)"
+    if v.status == Status.SLOWER:
+        text += (". If the slowdown is expected, record it with --mgpu-save-baselines (the history then "
+                 "follows it); to only warn, use --mgpu-gate=warn")
+    elif v.status == Status.FASTER:
+        text += ". Faster than its history: record it with --mgpu-save-baselines to tighten the gate"
+    return text

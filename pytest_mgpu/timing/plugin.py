@@ -1,0 +1,196 @@
+"""The timing side of the pytest plugin, as its own plugin object (as xdist registers ``DSession``).
+
+``pytest_mgpu.plugin`` calls ``addoption`` from ``pytest_addoption`` and ``TimingPlugin.configure``
+from ``pytest_configure``. dist.benchmark measurements are judged where the test ran (an xdist
+worker, or the only process), a flagged one re-measured there, and carried to the controller in
+``report.user_properties`` (JSON text, also in junit XML), which reports and saves at the end.
+Public pytest API only.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import warnings
+from pathlib import Path
+from typing import List, Optional
+
+import pytest
+
+from .. import __version__
+from .baselines import check_writable
+from .state import GATE_MODES, TimingOptionError, TimingOptions, TimingState
+
+
+class TimingNoiseWarning(UserWarning):
+    """Timings taken where they cannot be trusted (tests sharing the cores under xdist)."""
+
+
+class TimingRegressionWarning(UserWarning):
+    """A measurement is slower than its history, where that only warns (or the history is short)."""
+
+
+def addoption(parser) -> None:
+    group = parser.getgroup("mgpu")
+    group.addoption("--mgpu-baselines", dest="mgpu_baselines", metavar="DIR", default=None,
+                    help="directory of timing baselines, one JSON file per hardware fingerprint "
+                    "(default: <rootdir>/baselines; ini mgpu_baselines)")
+    group.addoption("--mgpu-save-baselines", dest="mgpu_save_baselines", action="store_true", default=False,
+                    help="append this run's timings (of tests that passed) to the baseline histories")
+    group.addoption("--mgpu-regression", dest="mgpu_regression", metavar="PCT", default=None,
+                    help="effect size a slowdown must exceed to count as a regression (default 10; "
+                    "ini mgpu_regression)")
+    group.addoption("--mgpu-gate", dest="mgpu_gate", choices=GATE_MODES, default=None,
+                    help="what a regression does: fail the test, warn, or auto (default: fail once the "
+                    "measurement has a long enough history, GPUs and CPU ranks alike; warn under -n)")
+    group.addoption("--mgpu-report", dest="mgpu_report", metavar="PATH", action="append", default=None,
+                    help="write the timing report to PATH: .md, .json or .csv; no extension: Markdown "
+                    "appended (--mgpu-report=$GITHUB_STEP_SUMMARY); repeatable")
+    group.addoption("--mgpu-plot", dest="mgpu_plot", metavar="DIR", default=None,
+                    help="draw PNG charts of the timings into DIR (needs matplotlib)")
+    parser.addini("mgpu_baselines", "timing baselines directory: see --mgpu-baselines", default=None)
+    parser.addini("mgpu_regression", "regression threshold in percent: see --mgpu-regression", default=None)
+    parser.addini("mgpu_gate", "auto, fail or warn: see --mgpu-gate", default=None)
+
+
+def _under_xdist(config) -> bool:
+    opt = config.option
+    return bool(getattr(opt, "numprocesses", None) or getattr(opt, "dist", "no") not in (None, "no")
+                or getattr(opt, "tx", None) or hasattr(config, "workerinput")
+                or os.environ.get("PYTEST_XDIST_WORKER"))
+
+
+def git_commit(where: Path) -> Optional[str]:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=str(where), capture_output=True,
+                             text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+class TimingPlugin:
+    """Per-session timing hooks: judge after each test's call, report and save at the end."""
+
+    def __init__(self, config, state: TimingState, session):
+        self.config = config
+        self.state = state
+        self.session = session  # the core's MgpuSession: hardware, and whether this process reports
+        self.rows: list = []
+        self.notes: List[str] = []
+        self.lines: List[str] = []
+        self.warned_shared = False
+
+    @classmethod
+    def configure(cls, config, session) -> "TimingPlugin":
+        from .fingerprint import fingerprint
+
+        try:
+            options = TimingOptions.resolve(config.getoption, config.getini, config.rootpath,
+                                            config.invocation_params.dir)
+        except TimingOptionError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        shared = _under_xdist(config)
+        if options.save and shared and not hasattr(config, "workerinput"):
+            raise pytest.UsageError(
+                "--mgpu-save-baselines cannot be used with -n/--dist: tests running at once share the cores "
+                "and time each other's load, so their timings must not become a baseline. Record without -n.")
+        if options.save and not hasattr(config, "workerinput"):
+            problem = check_writable(options.baselines_dir, [])
+            if problem:
+                raise pytest.UsageError(f"--mgpu-save-baselines: cannot write baselines: {problem}. Choose "
+                                        "another folder with --mgpu-baselines=DIR, or fix its permissions.")
+
+        def fingerprint_of(device_type: str):
+            return fingerprint(device_type, session.hardware.cuda_names if device_type == "cuda" else None)
+
+        plugin = cls(config, TimingState(options, fingerprint_of, shared_cores=shared), session)
+        config.pluginmanager.register(plugin, "mgpu-timing")
+        return plugin
+
+    def _judge(self, item):
+        handle = getattr(item, "funcargs", {}).get("dist")
+        measurements = list(getattr(handle, "measurements", None) or [])
+        if not measurements:
+            return []
+        if self.state.shared_cores:
+            warnings.warn(TimingNoiseWarning(
+                "dist.benchmark under pytest-xdist: tests run at once and share the cores, so these timings "
+                "include other tests' load; the gate only warns. Run timing tests without -n."))
+        judged = self.state.judge(measurements)
+        item.user_properties.extend(self.state.properties(judged))
+        return judged
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item):
+        try:
+            result = yield
+        except BaseException:
+            try:
+                self._judge(item)  # a failed test's timings still reach the report
+            except Exception:
+                pass
+            raise
+        fails, warns = self.state.problems(self._judge(item))
+        for message in warns:
+            warnings.warn(TimingRegressionWarning(message))
+        if fails:
+            pytest.fail("timing regression:\n" + "\n".join(fails), pytrace=False)
+        return result
+
+    def pytest_runtest_logreport(self, report):
+        if report.when == "call":
+            self.state.collect(report.nodeid, report.outcome, report.user_properties)
+
+    def pytest_sessionfinish(self, session):
+        if hasattr(self.config, "workerinput") or not self.state.records or not self.session.is_primary:
+            return
+        from . import report
+
+        found = [(rec.nodeid, rec.outcome, d) for rec, d in self.state.measurements()]
+        self.rows = report.build_rows(found)
+        self.notes = self.state.fingerprint_notes()  # before saving: what this run was judged by
+        if any(r.efficiency is not None and r.efficiency > 1.0 + 1e-9 for r in self.rows):
+            self.notes.append("efficiency over 100% (!): more than linear scaling usually means the one-device "
+                              "row was slowed (load, memory); re-run before trusting it")
+        if self.state.shared_cores:
+            self.notes.append("measured under pytest-xdist: tests shared the cores; the gate only warned")
+        commit = git_commit(self.config.rootpath)
+        if self.state.options.save:
+            try:
+                self.lines += self.state.save_baselines(commit, __version__)
+            except OSError as exc:
+                self.lines.append(f"baselines NOT saved: {exc}")
+                session.exitstatus = pytest.ExitCode.INTERNAL_ERROR if session.exitstatus == 0 else session.exitstatus
+        self._write_reports(report, found, commit)
+
+    def _write_reports(self, report, found, commit) -> None:
+        meta = {"plugin_version": __version__, "commit": commit,
+                "fingerprints": sorted({d["fingerprint_key"] for _, _, d in found}),
+                "fingerprint": next((d["fingerprint"] for _, _, d in found), None)}
+        for path in self.state.options.report_paths:
+            try:
+                report.write(path, self.rows, found, self.notes, meta)
+                self.lines.append(f"report written to {path}")
+            except OSError as exc:
+                self.lines.append(f"report NOT written to {path}: {exc}")
+        plot_dir = self.state.options.plot_dir
+        if plot_dir is not None:
+            from . import plots
+
+            if plots.available():
+                files = plots.draw(self.rows, plot_dir)
+                self.lines.append(f"{len(files)} chart(s) drawn in {plot_dir}")
+            else:
+                self.lines.append("--mgpu-plot: matplotlib is not installed (pip install pytest-mgpu[plot])")
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if not self.rows:
+            return
+        from .report import terminal_table
+
+        terminalreporter.section("pytest-mgpu timing")
+        for line in self.notes:
+            terminalreporter.write_line(line)
+        terminalreporter.write_line(terminal_table(self.rows))
+        for line in self.lines:
+            terminalreporter.write_line(line)

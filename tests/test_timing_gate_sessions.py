@@ -1,0 +1,137 @@
+"""The regression gate in real pytest sessions, with default options on emulated CPU ranks: a recorded
+history, unchanged reruns that pass, a 40% slower step that fails the run naming the baseline; short
+histories that only warn; damaged and unwritable baselines. Wall times are never asserted: the
+slowdown is 40% more of the same work, judged against the in-run reference."""
+import json
+
+import pytest
+
+from pytest_mgpu.timing.fingerprint import fingerprint
+from pytest_mgpu.timing.rule import MIN_HISTORY
+
+BODY = """
+import os, pytest, torch
+
+def work(reps):
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(256, 256, generator=g), torch.randn(256, 256, generator=g) / 16
+    out = torch.empty(256, 256)
+    def step():
+        for _ in range(reps):
+            torch.mm(a, b, out=out)
+    return step
+
+@pytest.mark.gpu1
+def test_step(dist):
+    reps = 14 if os.environ.get("MGPU_TEST_SLOW") == "1" else 10  # 40% more of the same work
+    dist.benchmark(work, reps, min_run_time=0.3, strategy="single", group="mm")
+
+@pytest.mark.gpu1
+def test_broken(dist):
+    dist.benchmark(work, 1, warmup=0, repeat=5)
+    assert False, "fails after timing"
+"""
+KEY = "test_{name}.py::test_step::single"
+
+
+def _file(pytester):
+    (path,) = sorted((pytester.path / "baselines").glob("*.json"))
+    return path
+
+
+def _run(pytester, *args):
+    """A session with a JSON report; skips when the machine was too disturbed to measure at all
+    (the plugin then marks the measurement unstable and never judges it: that is not what this
+    test is about)."""
+    result = pytester.runpytest("--mgpu-fallback=cpu", "--mgpu-report=s.json", *args)
+    doc = json.loads((pytester.path / "s.json").read_text())
+    for d in doc["measurements"]:
+        if d["unstable"] and d["task"]["name"] == "single":
+            pytest.skip(f"this machine is too loaded right now to show the gate: {d['unstable']}")
+    return result
+
+
+def _pad_history(path, key, total):
+    """Fill the history up to ``total`` launches around the recorded one (x within +-2%), as if it
+    had been recorded ``total`` times: recording each costs a session."""
+    doc = json.loads(path.read_text())
+    launches = doc["entries"][key]["launches"]
+    offsets = [0.0, -0.02, 0.02, -0.01, 0.01, -0.015, 0.015, 0.005, -0.005, 0.0]
+    first = launches[0]
+    launches[:] = [dict(first, x=first["x"] + offsets[i % len(offsets)]) for i in range(total)]
+    path.write_text(json.dumps(doc))
+
+
+def test_history_passes_unchanged_and_fails_40_percent_slower(pytester, monkeypatch):
+    pytester.makepyfile(**{"test_gate": BODY})
+    key = KEY.format(name="gate")
+    result = _run(pytester, "--mgpu-save-baselines")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*baselines: 1 measurement(s) appended to their histories in baselines*.json*",
+                                 "*baselines: 1 measurement(s) of failed tests not saved*"])
+    path = _file(pytester)
+    (launch,) = json.loads(path.read_text())["entries"][key]["launches"]
+    assert launch["x"] is not None and launch["reference_hash"] and launch["version"] and launch["n"] >= 5
+
+    # one launch recorded: a 40% slower step only warns, saying how far the history is
+    monkeypatch.setenv("MGPU_TEST_SLOW", "1")
+    result = _run(pytester, "-k", "step")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines([f"*TimingRegressionWarning*1 of {MIN_HISTORY} launches recorded*",
+                                 f"*learning 1/{MIN_HISTORY}*"])
+
+    _pad_history(path, key, 8)
+    monkeypatch.delenv("MGPU_TEST_SLOW")
+    for _ in range(2):  # unchanged reruns pass
+        result = _run(pytester, "-k", "step")
+        assert result.ret == 0, result.stdout.str()
+        result.stdout.fnmatch_lines(["*mm*single*1*(n=8)*same*"])
+
+    monkeypatch.setenv("MGPU_TEST_SLOW", "1")
+    result = _run(pytester, "-k", "step", "--mgpu-report=judged.json")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines([
+        "*timing regression:*",
+        f"*test_step::single median * vs history median of medians * over 8 launch(es) (spread *); "
+        f"reference-normalized ratio x1.*, threshold +10%, confidence *; re-measured: +*; baseline: {path.name}*",
+        "*SLOWER (failed)*",
+    ])
+    (d,) = json.loads((pytester.path / "judged.json").read_text())["measurements"]
+    assert d["verdict"]["status"] == "slower" and d["remeasured"] >= 1 and d["verdict"]["x_again"] is not None
+
+
+def test_damaged_baseline_is_reported_once_measured_and_repaired(pytester):
+    pytester.makepyfile(**{"test_damaged": BODY})
+    folder = pytester.path / "baselines"
+    folder.mkdir()
+    own = folder / f"{fingerprint('cpu').key()}.json"
+    own.write_text('{"format": "pytest-mgpu baselines 2", "entr')  # truncated
+    (folder / "notes.json").write_text("[1, 2, 3]")  # a stray non-object JSON
+    result = _run(pytester, "--mgpu-save-baselines")
+    result.assert_outcomes(passed=1, failed=1)  # test_broken fails by itself, not through the baselines
+    out = result.stdout.str()
+    assert out.count(f"baseline file unreadable: {own}: not valid JSON") == 1
+    assert out.count("notes.json: holds a JSON list") == 1
+    assert "Traceback" not in out and "JSONDecodeError" not in out
+    result.stdout.fnmatch_lines(["*mm*single*baseline unreadable*", "*appended to their histories*"])
+    assert (folder / (own.name + ".corrupt")).read_text().endswith('"entr')
+    doc = json.loads(own.read_text())
+    assert doc["format"] == "pytest-mgpu baselines 2" and len(doc["entries"]) == 1
+
+
+def test_unwritable_baseline_at_the_end_never_hides_the_summary(pytester):
+    """The baseline path turns into a folder during the run: the save fails, and says so, after
+    the timing table; no raw exception."""
+    body = BODY + f"""
+def test_sabotage():
+    import pathlib
+    pathlib.Path("baselines", "{fingerprint('cpu').key()}.json").mkdir(parents=True)
+"""
+    pytester.makepyfile(**{"test_unwritable": body})
+    result = _run(pytester, "--mgpu-save-baselines", "-k", "step or sabotage")
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.INTERNAL_ERROR
+    out = result.stdout.str()
+    assert "Traceback" not in out
+    result.stdout.fnmatch_lines(["*pytest-mgpu timing*", "*mm*single*", "*baselines NOT saved: *Is a directory*",
+                                 "*2 passed*"])
