@@ -75,6 +75,16 @@ class Dist:
         __tracebackhide__ = True
         return self._launch(fn, args, kwargs, nprocs=1, timeout=timeout)[0]
 
+    def spawn(self, fn, *args, **kwargs) -> List[Any]:
+        """Drop-in for ``torch.multiprocessing.spawn(fn, args=args, nprocs=dist.world_size)``: runs
+        ``fn(rank, *args, **kwargs)`` in every rank with no process group up; the code's own
+        ``init_process_group`` joins this test's rendezvous whatever port it names. Returns the
+        ranks' values in rank order. See ``pytest_mgpu.spawn_mode``."""
+        __tracebackhide__ = True
+        from .spawn_mode import spawn
+
+        return spawn(self, fn, args, kwargs)
+
     def benchmark(self, fn, *args, **kwargs):
         """Time ``fn`` in every rank; see ``pytest_mgpu.timing.measure.benchmark``."""
         from .timing.measure import benchmark
