@@ -98,6 +98,14 @@ class Dist:
 
         return assert_parity(self, strategy, model_fn, batch_fn, **kwargs)
 
+    def assert_same_training(self, fn, reference_fn, *args, steps: int = 3, **kwargs):
+        """The user's distributed loop ``fn(log, *args, steps=, **kwargs)`` in every rank against
+        their one-device ``reference_fn(log, ...)``, step by step. See ``parity.training``."""
+        __tracebackhide__ = True
+        from .parity.training import assert_same_training
+
+        return assert_same_training(self, fn, reference_fn, *args, steps=steps, **kwargs)
+
     # -- internals ----------------------------------------------------------------------------
     def spec(self, nprocs: int, timeout: Optional[float] = None) -> LaunchSpec:
         return LaunchSpec(

@@ -2,10 +2,8 @@
 
 Seed 001 (a CPU DDP trainer launched with ``mp.spawn``, hard-coded ``MASTER_PORT``) is copied as it is,
 except ``prepare_dataloader``, which downloaded MNIST: it builds MNIST-shaped synthetic data instead.
-Seed 004 (``ModelParallelResNet50`` / ``PipelineParallelResNet50``) is copied with its hard-coded
-``'cuda:0'``/``'cuda:1'`` replaced by the devices pytest-mgpu gives the process
-(``rank_context().devices``; cpu on emulated ranks), and its constructor taking ``norm_layer``,
-``num_classes`` and (for the bug demonstrations) a ``detach`` flag.
+Seed 004's model-parallel ResNet50 lives in ``user_resnet.py`` (it imports torchvision, which ranks
+running only seed 001 need not pay for).
 """
 import os
 
@@ -15,9 +13,6 @@ import torch.optim as optim
 from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
-from torchvision.models.resnet import Bottleneck, ResNet
-
-from pytest_mgpu import rank_context
 
 SAMPLES = 256  # synthetic "MNIST": enough for a few batches of 32 per rank
 
@@ -137,3 +132,48 @@ def main_with_bad_rank(rank: int, world_size: int, total_epochs: int, save_every
     trainer = ShapeBugTrainer(model, prepare_dataloader(batch_size), optimizer, rank, save_every)
     trainer.train(total_epochs)
     destroy_process_group()
+
+
+# ---- seed 001's Trainer under assert_same_training: log(model, loss) between backward and step ----
+class LoggedTrainer(Trainer):
+    """Seed 001's Trainer with the one line assert_same_training needs."""
+
+    def __init__(self, log, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.log = log
+
+    def _run_batch(self, source, targets):
+        self.optimizer.zero_grad()
+        output = self.model(source)
+        loss = nn.CrossEntropyLoss()(output, targets)
+        loss.backward()
+        self.log(self.model, loss)
+        self.optimizer.step()
+
+
+def seed001_ddp_loop(log, world_size: int, batch_size: int = 32, steps: int = 3):
+    """Seed 001's main minus its own setup (the process group is up): one epoch of ``steps`` batches."""
+    import torch.distributed as tdist
+
+    dataset = synthetic_mnist(batch_size * world_size * steps)
+    train_data = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=False,
+                                             sampler=DistributedSampler(dataset))
+    model = MLP()
+    optimizer = optim.SGD(model.parameters(), lr=1e-3)
+    LoggedTrainer(log, model, train_data, optimizer, tdist.get_rank(), save_every=10).train(1)
+
+
+def seed001_one_device_loop(log, world_size: int, batch_size: int = 32, steps: int = 3):
+    """The same training on one device: the global batch (batch_size x world_size), the same order."""
+    dataset = synthetic_mnist(batch_size * world_size * steps)
+    sampler = DistributedSampler(dataset, num_replicas=1, rank=0)  # the same shuffle, unsharded
+    sampler.set_epoch(0)
+    model = MLP()
+    optimizer = optim.SGD(model.parameters(), lr=1e-3)
+    for source, targets in torch.utils.data.DataLoader(dataset, batch_size=batch_size * world_size,
+                                                       sampler=sampler):
+        optimizer.zero_grad()
+        loss = nn.CrossEntropyLoss()(model(source), targets)
+        loss.backward()
+        log(model, loss)
+        optimizer.step()
