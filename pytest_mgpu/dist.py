@@ -91,9 +91,14 @@ class Dist:
 
         return benchmark(self, fn, *args, **kwargs)
 
-    def assert_parity(self, strategy: str, model_fn, batch_fn, **kwargs):
-        """Train with ``strategy`` and on one device; compare every step. See ``parity.engine``."""
+    def assert_parity(self, strategy, model_fn, batch_fn, **kwargs):
+        """Train with ``strategy`` and on one device; compare every step. See ``parity.engine``.
+        ``strategy`` may also be the user's own parallel module's constructor: ``parity.user``."""
         __tracebackhide__ = True
+        if callable(strategy):
+            from .parity.user import assert_user_parity
+
+            return assert_user_parity(self, strategy, model_fn, batch_fn, **kwargs)
         from .parity.engine import assert_parity
 
         return assert_parity(self, strategy, model_fn, batch_fn, **kwargs)
