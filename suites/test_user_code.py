@@ -29,3 +29,45 @@ def test_seed001_rank_raising_in_its_trainer_is_named(dist):
     text = str(info.value)
     assert "rank 1 raised RuntimeError" in text
     assert "in _run_batch" in text and "user_code.py" in text
+
+
+# -- dist.assert_same_training: seed 001's Trainer (DDP, DistributedSampler) against one device ------
+@SIZES
+def test_seed001_trainer_trains_like_one_device(dist):
+    report = dist.assert_same_training(U.seed001_ddp_loop, U.seed001_one_device_loop, dist.world_size,
+                                       steps=2)
+    print(report.format())
+
+
+# -- dist.assert_parity(parallel_fn, ...): seed 004's hand-written ResNet50s against resnet50 -------
+@world_sizes(2)
+def test_seed004_model_parallel_resnet50_is_resnet50(dist):
+    from suites import user_resnet as R
+
+    report = dist.assert_parity(R.model_parallel, R.reference, R.batch, **R.PARITY)
+    print(report.format())
+
+
+@world_sizes(2)
+@pytest.mark.parametrize("split_size", [1, 3, 5])   # seed 004 swept [1, 3, 5, 8, 10, 12, 20, 40, 60] of 120
+def test_seed004_pipelined_resnet50_is_resnet50(dist, split_size):
+    import functools
+
+    from suites import user_resnet as R
+
+    report = dist.assert_parity(functools.partial(R.pipeline, split_size), R.reference, R.batch, **R.PARITY)
+    assert report.facts.microbatches == -(-8 // split_size)
+    print(report.format())
+
+
+@world_sizes(2)
+def test_seed004_pipelined_resnet50_with_batchnorm_is_not(dist):
+    """Seed 004 as written (BatchNorm, train mode): each micro-batch is normalized on its own."""
+    import functools
+
+    from pytest_mgpu.parity import ParityError
+    from suites import user_resnet as R
+
+    with pytest.raises(ParityError, match="normalize each of 2 micro-batches") as info:
+        dist.assert_parity(functools.partial(R.pipeline, 4, "batch"), R.BN, R.batch, **R.PARITY)
+    print(info.value)

@@ -20,6 +20,7 @@ from .engine import ParityError, ParityReport, judge
 from .hints import UserFacts, replica_name
 from .recorder import SideLog, record, record_shadow
 from .records import Portable, RankResult, StepRecord, TensorError
+from .user import floor
 from .worker import compare, tensor_error
 
 
@@ -119,8 +120,5 @@ def _floors(kind: str, ref: Dict, wide: Optional[Dict], errors: List[TensorError
     if wide is None:
         return out
     for e in errors:
-        r, w = ref.get(e.name), wide.get(e.name)
-        if r is not None and w is not None and r.shape == w.shape:
-            e.floor = tensor_error(kind, e.name, r.to(w.dtype), w).norm_err
-            out[e.name] = e.floor
+        e.floor = out[e.name] = floor(ref.get(e.name), wide.get(e.name))
     return out
