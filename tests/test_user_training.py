@@ -49,3 +49,22 @@ def _short(log, world_size, steps):
 def test_a_side_logging_too_few_steps_is_named(dist):
     with pytest.raises(StepCountError, match=r"reference_fn \(one process\) logged 2 step"):
         dist.assert_same_training(B.hand_dp, _short, dist.world_size, steps=3)
+
+
+def _names_in_rank(world_size):
+    from pytest_mgpu.parity.recorder import Recorder
+
+    return B.wrapped_names(Recorder(), world_size)
+
+
+@world_sizes(2)
+def test_wrappers_are_removed_from_names(dist):
+    names = dist.run(_names_in_rank, dist.world_size)
+    assert names == [["0.bias", "0.weight", "2.bias", "2.weight"]] * 2
+
+
+@world_sizes(2)
+@pytest.mark.parametrize("version", [2, 1], ids=["fsdp2", "fsdp1"])
+def test_fsdp_loops_are_gathered_and_pass(dist, version):
+    report = dist.assert_same_training(B.fsdp_loop, B.one_device, dist.world_size, version=version, steps=2)
+    assert {e.name for e in report.errors("grad")} >= {"0.weight", "rank 1: 2.bias"}

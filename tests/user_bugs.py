@@ -38,8 +38,9 @@ def _sgd(model):
     return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
 
-def one_device(log, world_size: int, bug: str = "", steps: int = 3):
-    """The reference: the global batch (BATCH x world size) per step, in DistributedSampler's order."""
+def one_device(log, world_size: int, bug: str = "", steps: int = 3, **distributed_only):
+    """The reference: the global batch (BATCH x world size) per step, in DistributedSampler's order.
+    (It receives the distributed loop's arguments too: those that only concern it are ignored.)"""
     dataset = data(world_size, steps)
     model = mlp()
     opt = _sgd(model)
@@ -128,3 +129,40 @@ class TwoStage(nn.Sequential):
 def image_batch(step: int, batch: int = 8):
     g = torch.Generator().manual_seed(100 + step)
     return torch.randn(batch, 3, 16, 16, generator=g), torch.randint(0, 10, (batch,), generator=g)
+
+
+def fsdp_loop(log, world_size: int, version: int = 2, steps: int = 3):
+    """The correct loop under FSDP (2: fully_shard, DTensor parameters; 1: FullyShardedDataParallel
+    with use_orig_params): what log() must gather back to full, plainly named tensors."""
+    model = mlp()
+    if version == 2:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(model, mesh=init_device_mesh("cpu", (world_size,)))
+    else:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        model = FSDP(model, device_id=torch.device("cpu"), use_orig_params=True)
+    opt = _sgd(model)
+    dataset = data(world_size, steps)
+    for x, y in DataLoader(dataset, batch_size=BATCH, sampler=DistributedSampler(dataset, shuffle=False)):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        log(model, loss)
+        opt.step()
+
+
+def wrapped_names(log, world_size: int, steps: int = 1):
+    """DDP around torch.compile around an activation-checkpoint wrapper: log() sees plain names."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    inner = mlp()
+    inner[0] = checkpoint_wrapper(inner[0])
+    model = DDP(torch.compile(inner))  # never called: compiling is lazy, naming is not
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    for _ in range(steps):
+        log(model, torch.tensor(0.0))
+    return sorted(log.side.steps[0].params)
