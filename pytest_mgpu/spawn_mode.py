@@ -59,9 +59,15 @@ def spawn_entry(fn: Portable, prefix: str, args: tuple, kwargs: dict) -> SpawnVa
     try:
         with redirect.installed():
             value = user_fn(ctx.rank, *args, **kwargs)
-    finally:
+    except BaseException:
         if tdist.is_initialized():
-            tdist.destroy_process_group()  # the user's code left its group up: mp.spawn would exit
+            tdist.destroy_process_group()  # no barrier: the peers may be gone
+        raise
+    if tdist.is_initialized():
+        # The user's code left its group up (mp.spawn would just exit). Meet first: a rank that
+        # tore its group down at once could close the sockets a slower peer is still connecting.
+        tdist.barrier()
+        tdist.destroy_process_group()
     return SpawnValue(value, redirect.notes)
 
 
