@@ -44,18 +44,18 @@ def test_seed001_trainer_trains_like_one_device(dist):
 def test_seed004_model_parallel_resnet50_is_resnet50(dist):
     from suites import user_resnet as R
 
-    report = dist.assert_parity(R.model_parallel, R.reference, R.batch, **R.PARITY)
+    report = dist.assert_parity(R.model_parallel, R.reference, R.batch, **R.ONE_STEP)
     print(report.format())
 
 
 @world_sizes(2)
-@pytest.mark.parametrize("split_size", [1, 3, 5])   # seed 004 swept [1, 3, 5, 8, 10, 12, 20, 40, 60] of 120
+@pytest.mark.parametrize("split_size", [2, 5])   # seed 004 swept [1, 3, 5, 8, 10, 12, 20, 40, 60] of 120
 def test_seed004_pipelined_resnet50_is_resnet50(dist, split_size):
     import functools
 
     from suites import user_resnet as R
 
-    report = dist.assert_parity(functools.partial(R.pipeline, split_size), R.reference, R.batch, **R.PARITY)
+    report = dist.assert_parity(functools.partial(R.pipeline, split_size), R.reference, R.batch, **R.ONE_STEP)
     assert report.facts.microbatches == -(-8 // split_size)
     print(report.format())
 
@@ -69,5 +69,5 @@ def test_seed004_pipelined_resnet50_with_batchnorm_is_not(dist):
     from suites import user_resnet as R
 
     with pytest.raises(ParityError, match="normalize each of 2 micro-batches") as info:
-        dist.assert_parity(functools.partial(R.pipeline, 4, "batch"), R.BN, R.batch, **R.PARITY)
+        dist.assert_parity(functools.partial(R.pipeline, 4, "batch"), R.BN, R.batch, **R.ONE_STEP)
     print(info.value)

@@ -112,4 +112,7 @@ def batch(step: int, batch_size: int = 8, size: int = 16):
 
 
 PARITY = dict(loss_fn=mse_onehot, optimizer_fn=sgd, steps=2)
+# One step (loss, output, gradients, the update) keeps the CPU suites fast: a ResNet50 step here is
+# three models (reference, its float64 shadow, the user's) and a comparison of 25M numbers.
+ONE_STEP = dict(PARITY, steps=1)
 BN = functools.partial(reference, "batch")
