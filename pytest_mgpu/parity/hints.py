@@ -15,12 +15,13 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from .records import RunFacts, TensorError
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .engine import ParityReport
+# The reports these read are parity.engine's ParityReport; typed as Any so that this module, which
+# engine's diagnose imports, imports nothing back (data flows one way).
+Report = Any
 
 REPLICA = "rank "  # replica rows are named "rank r: <name>" (rank r against rank 0)
 
@@ -46,7 +47,7 @@ def _replica(e: TensorError) -> Optional[int]:
     return int(head) if head.isdigit() else None
 
 
-def number_hints(report: "ParityReport") -> List[str]:
+def number_hints(report: Report) -> List[str]:
     """The hints for a report of the user's own code (``UserFacts``); none for other reports."""
     f = report.facts
     if not isinstance(f, UserFacts):
@@ -61,13 +62,13 @@ def number_hints(report: "ParityReport") -> List[str]:
     return [h for h in hints if h]
 
 
-def _first_grads(report: "ParityReport") -> List[TensorError]:
+def _first_grads(report: Report) -> List[TensorError]:
     first = report.records[0].errors if report.records else []
     return [e for e in first if e.kind == "grad" and _replica(e) is None and not e.missing
             and e.norm_ref > 0 and math.isfinite(e.norm_ratio)]
 
 
-def _factor(report: "ParityReport", f: UserFacts) -> str:
+def _factor(report: Report, f: UserFacts) -> str:
     """Step 0's gradients (same weights on both sides) all off by one factor."""
     ratios = [e.norm_ratio for e in _first_grads(report)]
     if len(ratios) < 2:
@@ -104,7 +105,7 @@ def _same_losses(f: UserFacts) -> str:
             "every epoch), so that each rank gets its own shard.")
 
 
-def _replicas(report: "ParityReport", f: UserFacts) -> str:
+def _replicas(report: Report, f: UserFacts) -> str:
     bad = [(s, e) for s, e, _ in report.failures() if _replica(e) is not None]
     if not bad:
         return ""
@@ -125,7 +126,7 @@ def _replicas(report: "ParityReport", f: UserFacts) -> str:
             "size (or train through DDP), and use no_sync() only on accumulation steps.")
 
 
-def _stages(report: "ParityReport", f: UserFacts) -> List[str]:
+def _stages(report: Report, f: UserFacts) -> List[str]:
     """Per stage of the user's module: its share of parameters with no gradient, and its ratio."""
     if not f.stage_of or not report.records:
         return []
