@@ -78,18 +78,41 @@ class Dist:
         __tracebackhide__ = True
         return self._launch(fn, args, kwargs, nprocs=1, timeout=timeout)[0]
 
+    def spawn(self, fn, *args, **kwargs) -> List[Any]:
+        """Drop-in for ``torch.multiprocessing.spawn(fn, args=args, nprocs=dist.world_size)``: runs
+        ``fn(rank, *args, **kwargs)`` in every rank with no process group up; the code's own
+        ``init_process_group`` joins this test's rendezvous whatever port it names. Returns the
+        ranks' values in rank order. See ``pytest_mgpu.spawn_mode``."""
+        __tracebackhide__ = True
+        from .spawn_mode import spawn
+
+        return spawn(self, fn, args, kwargs)
+
     def benchmark(self, fn, *args, **kwargs):
         """Time ``fn`` in every rank; see ``pytest_mgpu.timing.measure.benchmark``."""
         from .timing.measure import benchmark
 
         return benchmark(self, fn, *args, **kwargs)
 
-    def assert_parity(self, strategy: str, model_fn, batch_fn, **kwargs):
-        """Train with ``strategy`` and on one device; compare every step. See ``parity.engine``."""
+    def assert_parity(self, strategy, model_fn, batch_fn, **kwargs):
+        """Train with ``strategy`` and on one device; compare every step. See ``parity.engine``.
+        ``strategy`` may also be the user's own parallel module's constructor: ``parity.user``."""
         __tracebackhide__ = True
+        if callable(strategy):
+            from .parity.user import assert_user_parity
+
+            return assert_user_parity(self, strategy, model_fn, batch_fn, **kwargs)
         from .parity.engine import assert_parity
 
         return assert_parity(self, strategy, model_fn, batch_fn, **kwargs)
+
+    def assert_same_training(self, fn, reference_fn, *args, steps: int = 3, **kwargs):
+        """The user's distributed loop ``fn(log, *args, steps=, **kwargs)`` in every rank against
+        their one-device ``reference_fn(log, ...)``, step by step. See ``parity.training``."""
+        __tracebackhide__ = True
+        from .parity.training import assert_same_training
+
+        return assert_same_training(self, fn, reference_fn, *args, steps=steps, **kwargs)
 
     # -- internals ----------------------------------------------------------------------------
     def spec(self, nprocs: int, timeout: Optional[float] = None) -> LaunchSpec:

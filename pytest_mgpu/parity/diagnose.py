@@ -9,6 +9,7 @@ from typing import List
 
 from tabulate import tabulate
 
+from .hints import number_hints
 from .records import KINDS, RunFacts, TensorError
 from .tolerance import DATA_PARALLEL
 
@@ -147,6 +148,7 @@ def likely_causes(report: "ParityReport") -> List[str]:
         )
     if report.exact:
         hints.append(f"bitwise equality was demanded (deterministic=True): {f.exact_note}.")
+    hints += number_hints(report)  # the user's own code: hints read from the numbers
     if not hints:
         hints.append(
             "no known cause detected: look for rank-dependent code, non-deterministic kernels, or "

@@ -1,0 +1,70 @@
+"""dist.assert_same_training on a held-out set of the bugs users write in their own training
+loops (tests/user_bugs.py): each is caught with the hint that names it; the correct loops pass."""
+import functools
+
+import pytest
+
+from pytest_mgpu import world_sizes
+from pytest_mgpu.parity import ParityError
+from pytest_mgpu.parity.training import StepCountError
+from tests import user_bugs as B
+
+SIZES = world_sizes(2, 4)
+
+BUGS = [  # (loop, bug, what the likely causes must say)
+    (B.hand_dp, "sum_no_divide", "gradients scaled by the world size"),
+    (B.hand_dp, "no_allreduce", "gradients are not synchronized between ranks"),
+    (B.hand_dp, "rank_init", "the ranks start from different weights"),
+    (B.ddp_loop, "no_sync", "gradients are not synchronized between ranks"),
+    (B.ddp_loop, "no_sampler", "the data is not sharded"),
+    (B.ddp_loop, "loss_times_world", "gradients scaled by the world size"),
+    (B.ddp_loop, "sum_loss", "gradients scaled by a constant"),
+]
+
+
+@SIZES
+@pytest.mark.parametrize("loop", [B.hand_dp, B.ddp_loop], ids=["hand_dp", "ddp"])
+def test_correct_loops_pass(dist, loop):
+    report = dist.assert_same_training(loop, B.one_device, dist.world_size, steps=3)
+    assert report.passed and len(report.records) == 3
+    assert any(e.name.startswith("rank 1: ") for e in report.errors("param"))  # replicas compared
+
+
+@SIZES
+@pytest.mark.parametrize("loop,bug,hint", BUGS, ids=[b for _, b, _ in BUGS])
+def test_bug_is_caught_with_its_hint(dist, loop, bug, hint):
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(loop, B.one_device, dist.world_size, bug=bug, steps=3)
+    causes = str(info.value).split("likely causes:", 1)[1]
+    assert hint in causes, str(info.value)
+    if "world size" in hint:
+        assert f"= the world size {dist.world_size}" in causes
+
+
+def _short(log, world_size, steps):
+    B.one_device(log, world_size, steps=steps - 1)
+
+
+@world_sizes(2)
+def test_a_side_logging_too_few_steps_is_named(dist):
+    with pytest.raises(StepCountError, match=r"reference_fn \(one process\) logged 2 step"):
+        dist.assert_same_training(B.hand_dp, _short, dist.world_size, steps=3)
+
+
+def _names_in_rank(world_size):
+    from pytest_mgpu.parity.recorder import Recorder
+
+    return B.wrapped_names(Recorder(), world_size)
+
+
+@world_sizes(2)
+def test_wrappers_are_removed_from_names(dist):
+    names = dist.run(_names_in_rank, dist.world_size)
+    assert names == [["0.bias", "0.weight", "2.bias", "2.weight"]] * 2
+
+
+@world_sizes(2)
+@pytest.mark.parametrize("version", [2, 1], ids=["fsdp2", "fsdp1"])
+def test_fsdp_loops_are_gathered_and_pass(dist, version):
+    report = dist.assert_same_training(B.fsdp_loop, B.one_device, dist.world_size, version=version, steps=2)
+    assert {e.name for e in report.errors("grad")} >= {"0.weight", "rank 1: 2.bias"}
