@@ -103,10 +103,12 @@ def report(request, tmp_path_factory):
 
 
 def section(out: str, test: str) -> str:
+    """One test's failure section: up to the next test's header or the next summary banner (with
+    CI=true pytest prints whole messages, of every test, in the short summary that follows)."""
     head = f"_ {test} _"
     start = out.index(head)
-    nxt = out.find("\n___", start + len(head))
-    return out[start: nxt if nxt != -1 else len(out)]
+    ends = [i for i in (out.find("\n___", start + len(head)), out.find("\n===", start)) if i != -1]
+    return out[start: min(ends, default=len(out))]
 
 
 def headline(sec: str) -> str:
