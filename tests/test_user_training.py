@@ -68,3 +68,30 @@ def test_wrappers_are_removed_from_names(dist):
 def test_fsdp_loops_are_gathered_and_pass(dist, version):
     report = dist.assert_same_training(B.fsdp_loop, B.one_device, dist.world_size, version=version, steps=2)
     assert {e.name for e in report.errors("grad")} >= {"0.weight", "rank 1: 2.bias"}
+
+
+@world_sizes(2)
+def test_the_float64_run_starts_from_the_same_weights_and_data(dist):
+    """A float64 tensor draws other random numbers than a float32 one from the same seed: the shadow
+    must draw as float32 does, or it trains another network and its "floor" forgives any bug."""
+    report = dist.assert_same_training(B.hand_dp, B.one_device, dist.world_size, steps=2)
+    assert report.tolerance.rule == "measured" and not report.notes
+    assert max(report.tolerance.floors.values()) < 1e-4  # roundoff, not another network (O(1))
+
+
+def _urandom_init(log, world_size, steps):
+    import os
+
+    import torch
+
+    torch.manual_seed(int.from_bytes(os.urandom(4), "little"))  # not from the test's seed
+    B.one_device(log, world_size, steps=steps)
+
+
+@world_sizes(2)
+def test_a_shadow_that_starts_elsewhere_is_not_used_as_the_floor(dist):
+    with pytest.raises(ParityError) as info:  # the ranks' weights differ from the reference's too
+        dist.assert_same_training(B.hand_dp, _urandom_init, dist.world_size, steps=2)
+    report = info.value.report
+    assert report.tolerance.rule == "derived"
+    assert any("started from other weights" in n for n in report.notes), report.notes

@@ -116,10 +116,52 @@ def record(fn, args: tuple, kwargs: dict, steps: int) -> SideLog:
     return log.side
 
 
+def _float32_draws():
+    """A dispatch mode under which every random op draws as it would in float32, then widens.
+
+    A float64 tensor draws other numbers than a float32 one from the same seed (``uniform_`` takes
+    53 random bits instead of 24: measured, ``nn.Linear(20, 32)`` built under both dtypes after
+    ``manual_seed(0)`` differs by 0.42 in its weights), so a loop re-run in float64 would build
+    another network on other data, and its distance to the float32 run would be O(1), not roundoff.
+    Under this mode the float64 run starts from the float32 run's weights and data, exactly."""
+    import torch
+    from torch.utils._pytree import tree_leaves, tree_map
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    def narrow(t):
+        return t.float() if isinstance(t, torch.Tensor) and t.dtype == torch.float64 else t
+
+    def widen(t):
+        return t.double() if isinstance(t, torch.Tensor) and t.dtype == torch.float32 else t
+
+    class Float32Draws(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            leaves = tree_leaves((args, kwargs))
+            tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+            wide = any(t.dtype == torch.float64 for t in tensors)
+            factory = not tensors and "dtype" not in kwargs  # the default dtype (float64 here) applies
+            if torch.Tag.nondeterministic_seeded not in func.tags or not (wide or factory):
+                return func(*args, **kwargs)
+            n_args, n_kwargs = tree_map(narrow, (args, kwargs))
+            saved = torch.get_default_dtype()
+            torch.set_default_dtype(torch.float32)
+            try:
+                out = func(*n_args, **n_kwargs)
+            finally:
+                torch.set_default_dtype(saved)
+            if func._schema.name.endswith("_"):  # in place (uniform_, normal_, bernoulli_): write back
+                return args[0].copy_(n_args[0])
+            return tree_map(widen, out)
+
+    return Float32Draws()
+
+
 def record_shadow(fn, args: tuple, kwargs: dict, steps: int, seed: int) -> Optional[SideLog]:
-    """The same loop again in float64 (default dtype), from the same seed: the model's own float32
-    roundoff is the distance between the two. None where the loop cannot run in float64 (data
-    created with an explicit float32 dtype, a float32-only op)."""
+    """The same loop again in float64 (default dtype), from the same seed and the same random draws
+    (``_float32_draws``): the model's own float32 roundoff is the distance between the two. None
+    where the loop cannot run in float64 (data created with an explicit float32 dtype, a
+    float32-only op)."""
     import torch
 
     from ..launch.rank import seed_everything
@@ -128,7 +170,8 @@ def record_shadow(fn, args: tuple, kwargs: dict, steps: int, seed: int) -> Optio
     seed_everything(seed)
     torch.set_default_dtype(torch.float64)
     try:
-        side = record(fn, args, kwargs, steps)
+        with _float32_draws():
+            side = record(fn, args, kwargs, steps)
     except Exception:
         return None
     finally:
