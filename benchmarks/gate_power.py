@@ -36,14 +36,19 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-MICRO = 8  # micro-batches of the unchanged step; +25% = 10 of them
+# Micro-batches of the unchanged step (+25% = 20 of them). Compute-bound means the injected work
+# dominates the step: measured on the 2-core machine, a 256-wide MLP at batch 32 spent 3.4 ms of a
+# 9.7 ms step in its 8 micro-batches (the rest: barrier, all_reduce, optimizer, Python), so +50%
+# more micro-batches moved the median by less than the noise. At 512 wide, batch 64, one
+# micro-batch is 2.6 ms (1 thread): 16 of them are ~85% of the step.
+MICRO = 16
 SLOWDOWNS = (0.10, 0.25, 0.50)
 SUITE = 20  # measurements in one suite run
 
 
-def mlp_step(micro: int, width: int = 256, batch: int = 32):
+def mlp_step(micro: int, width: int = 512, batch: int = 64):
     """A compute-bound DDP step: ``micro`` forward/backward passes of an MLP (gradients synced once,
-    on the last), then SGD. Dense matmuls dominate; the one all_reduce is 0.4 MB."""
+    on the last), then SGD. Dense matmuls dominate; the one all_reduce is 2.1 MB."""
     import torch
     import torch.distributed as tdist
     from torch import nn
@@ -199,7 +204,7 @@ def analyse(data: dict, history: int) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=12, help="rounds of 2 unchanged + 1 per slowdown launches")
-    ap.add_argument("--min-run-time", type=float, default=0.3, help="seconds of timed steps per measurement")
+    ap.add_argument("--min-run-time", type=float, default=0.5, help="seconds of timed steps per measurement")
     ap.add_argument("--history", type=int, default=20, help="launches in the gate's history")
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "gate_power.json"), help="raw data, for --analyse")
     ap.add_argument("--analyse", metavar="JSON", help="analyse saved data instead of launching")
