@@ -197,11 +197,27 @@ def run_user_parity(job: UserParityJob) -> RankResult:
     sides = [(ref, optimizer_fn(ref.parameters())), (shadow, optimizer_fn(shadow.parameters())),
              (user, optimizer_fn(user.parameters()))]
     counter = CallCounter(user)
-    records = [_step(step, batch_fn(step), sides, loss_fn, device, user_by_ref, facts, counter)
-               for step in range(job.steps)]
+    records = []
+    for step in range(job.steps):
+        records.append(_step(step, batch_fn(step), sides, loss_fn, device, user_by_ref, facts, counter))
+        _resync([ref, shadow], user_by_ref)
     counter.remove()
     facts.microbatches = counter.most
     return RankResult(records, facts)
+
+
+def _resync(models, user_by_ref: Dict[str, object]) -> None:
+    """The next step starts the reference and its shadow from the user's own weights and buffers
+    (optimizer state stays each one's own): every step is judged from a shared state, so roundoff
+    cannot snowball through kinks between steps (``worker._Reference.resync`` says why, measured)."""
+    import torch
+
+    with torch.no_grad():
+        for model in models:
+            for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+                s = user_by_ref.get(name)
+                if s is not None and s.shape == t.shape:
+                    t.copy_(s.detach().to(device=t.device, dtype=t.dtype))
 
 
 def _step(step, batch, sides, loss_fn, device, user_by_ref, facts: UserFacts, counter) -> StepRecord:
