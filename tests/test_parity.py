@@ -11,8 +11,9 @@ from pytest_mgpu.parity import STRATEGIES, ParityReport, StrategyError, Toleranc
 from pytest_mgpu.parity.engine import judge
 from pytest_mgpu.parity.tolerance import MULTIPLE, derive_tolerance, measure_tolerance
 from pytest_mgpu.parity.records import RankResult, RunFacts, StepRecord, TensorError
-from pytest_mgpu.parity.staged import auto_split_points
-from pytest_mgpu.parity.strategies import exactness, resolve, shard_indices, split_micro
+from pytest_mgpu.parity.batches import shard_indices, split_micro
+from pytest_mgpu.parity.registry import exactness, resolve
+from pytest_mgpu.parity.runners.staged import auto_split_points
 
 MODELS = """
 import functools, pytest, torch
