@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Literal, Optional, Tuple
 
 from ..settings import TimingSettings
 from . import rule
@@ -23,7 +23,7 @@ class TestTiming:
     """The measurements of one test as the controller received them."""
 
     nodeid: str
-    outcome: str
+    outcome: Literal["passed", "failed", "skipped"]  # the test's call phase
     measurements: List[dict]
 
 
