@@ -5,7 +5,8 @@ file > default.
 A bad value is refused with a SettingsError that names where it came from (``--mgpu-timeout``,
 ``ini mgpu_timeout``, ``PYTEST_MGPU_FALLBACK``), so that the user fixes the right file. An empty
 value (``PYTEST_MGPU_FALLBACK=``, ``mgpu_gate =``, ``--mgpu-seed=``) counts as not given, as an
-unset variable does, and the next source decides.
+unset variable does, and the next source decides; the one exception is ``mgpu_isolate =``, which
+pytest itself reads as a "bool" ini and refuses (the error still names the ini).
 
 ini options are registered as type "string" (or "bool"), default None: None tells "not in the ini
 file" apart from a value, which the order above needs, and pytest's "int"/"float" types only exist
@@ -271,7 +272,7 @@ class TimingSettings:
         where tests time each other's load: there it only warns."""
         if self.gate == "auto":
             return "warn" if shared_cores else "fail"
-        return self.gate
+        return "fail" if self.gate == "fail" else "warn"
 
 
 def resolve_timing(option: Callable[[str], object], ini: Callable[[str], object], rootpath: Path,
