@@ -19,7 +19,7 @@ import copy
 import math
 from typing import Dict, Optional, Tuple
 
-from .batches import batch_len, call_model, shard_indices, split_micro, tree_index, tree_to, to_float64
+from .batches import batch_len, call_model, shard_indices, split_micro, to_float64, tree_index, tree_to
 from .distance import gap
 from .records import StepRecord
 
