@@ -24,42 +24,9 @@ def _session(config) -> MgpuSession:
 # -- configuration --------------------------------------------------------------------------------
 def pytest_addoption(parser):
     group = parser.getgroup("mgpu", "pytest-mgpu (multi-GPU PyTorch tests)")
-    group.addoption(
-        "--mgpu-fallback",
-        dest="mgpu_fallback",
-        choices=("skip", "cpu"),
-        default=None,
-        help=f"what a gpuN test does with fewer than N GPUs: skip it (default) or run it on N gloo "
-        f"CPU ranks (cpu). Also ini mgpu_fallback, env {ENV_FALLBACK}.",
-    )
-    group.addoption(
-        "--mgpu-timeout",
-        dest="mgpu_timeout",
-        default=None,
-        help="seconds one dist.run may take before its ranks are reported as hung and killed "
-        "(default 300; ini mgpu_timeout; per call: dist.run(..., timeout=S)).",
-    )
-    group.addoption("--mgpu-seed", dest="mgpu_seed", default=None, help="seed of every rank (default 0)")
-    group.addoption(
-        "--mgpu-max-cpu-ranks",
-        dest="mgpu_max_cpu_ranks",
-        default=None,
-        help="largest world size emulated on CPU; larger tests are skipped (default 8)",
-    )
-    group.addoption(
-        "--mgpu-isolate",
-        dest="mgpu_isolate",
-        action="store_const",
-        const="1",
-        default=None,
-        help="fresh rank processes for every dist.run instead of warm reused ones (slower; "
-        "also marker mgpu_isolate, ini mgpu_isolate, env PYTEST_MGPU_ISOLATE=1)",
-    )
-    parser.addini("mgpu_fallback", "skip or cpu: see --mgpu-fallback", default=None)
-    parser.addini("mgpu_timeout", "seconds per dist.run call: see --mgpu-timeout", default=None)
-    parser.addini("mgpu_seed", "seed of every rank", default=None)
-    parser.addini("mgpu_max_cpu_ranks", "largest world size emulated on CPU", default=None)
-    parser.addini("mgpu_isolate", "true: fresh rank processes for every call", default=None)
+    from .settings import CORE_OPTIONS, add_options
+
+    add_options(parser, group, CORE_OPTIONS)
     from .timing.plugin import addoption as timing_addoption
 
     timing_addoption(parser)

@@ -1,19 +1,199 @@
-"""The plugin's settings, resolved once from command line, ini file and environment."""
+"""The plugin's settings: every option declared once (its flag, ini name, environment variable and
+default), registered with pytest, and resolved in one place: command line > environment > ini
+file > default.
+
+A bad value is refused with a SettingsError that names where it came from (``--mgpu-timeout``,
+``ini mgpu_timeout``, ``PYTEST_MGPU_FALLBACK``), so that the user fixes the right file. An empty
+value (``PYTEST_MGPU_FALLBACK=``, ``mgpu_gate =``, ``--mgpu-seed=``) counts as not given, as an
+unset variable does, and the next source decides; the one exception is ``mgpu_isolate =``, which
+pytest itself reads as a "bool" ini and refuses (the error still names the ini).
+
+ini options are registered as type "string" (or "bool"), default None: None tells "not in the ini
+file" apart from a value, which the order above needs, and pytest's "int"/"float" types only exist
+from pytest 8.4 on (this package supports pytest 8), so numbers are parsed here, for every source
+alike.
+"""
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
-from typing import Callable, Optional
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Final, Literal, Mapping, Optional, Tuple, get_args
 
 from .devices import FALLBACKS
+from .timing.rule import DEFAULT_THRESHOLD
 
-ENV_FALLBACK = "PYTEST_MGPU_FALLBACK"
-DEFAULT_TIMEOUT_S = 300.0
+ENV_FALLBACK: Final = "PYTEST_MGPU_FALLBACK"
+ENV_ISOLATE: Final = "PYTEST_MGPU_ISOLATE"
+DEFAULT_TIMEOUT_S: Final = 300.0
+DEFAULT_TIMEOUT_SOURCE: Final = f"the default --mgpu-timeout of {DEFAULT_TIMEOUT_S:g}s"
+DEFAULT_SEED: Final = 0
+DEFAULT_MAX_CPU_RANKS: Final = 8
+
+# What a timing regression does: fail the test, warn, or auto (see TimingSettings.mode_for).
+GateMode = Literal["auto", "fail", "warn"]
+GATE_MODES: Final[Tuple[GateMode, ...]] = get_args(GateMode)
+REPORT_SUFFIXES: Final = ("", ".md", ".json", ".csv")
+
+IniType = Literal["string", "bool"]
+TRUE: Final = frozenset({"1", "true", "t", "yes", "y", "on"})  # pytest's own reading of a "bool" ini
+FALSE: Final = frozenset({"0", "false", "f", "no", "n", "off"})
 
 
 class SettingsError(ValueError):
     pass
+
+
+# -- the options ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Option:
+    """One option: ``dest`` is also its ini name; ``ini`` None: command line only."""
+
+    dest: str
+    flag: str
+    help: str
+    ini: Optional[IniType] = "string"
+    ini_help: str = ""
+    env: Optional[str] = None
+    cli: Mapping[str, object] = field(default_factory=dict)  # more pytest addoption arguments
+
+
+FALLBACK = Option(
+    "mgpu_fallback", "--mgpu-fallback",
+    f"what a gpuN test does with fewer than N GPUs: skip it (default) or run it on N gloo CPU ranks "
+    f"(cpu). Also ini mgpu_fallback, env {ENV_FALLBACK}.",
+    ini_help="skip or cpu: see --mgpu-fallback", env=ENV_FALLBACK, cli={"choices": FALLBACKS})
+TIMEOUT = Option(
+    "mgpu_timeout", "--mgpu-timeout",
+    "seconds one dist.run may take before its ranks are reported as hung and killed (default 300; "
+    "ini mgpu_timeout; per call: dist.run(..., timeout=S)).",
+    ini_help="seconds per dist.run call: see --mgpu-timeout")
+SEED = Option("mgpu_seed", "--mgpu-seed", "seed of every rank (default 0)", ini_help="seed of every rank")
+MAX_CPU_RANKS = Option(
+    "mgpu_max_cpu_ranks", "--mgpu-max-cpu-ranks",
+    "largest world size emulated on CPU; larger tests are skipped (default 8)",
+    ini_help="largest world size emulated on CPU")
+ISOLATE = Option(
+    "mgpu_isolate", "--mgpu-isolate",
+    "fresh rank processes for every dist.run instead of warm reused ones (slower; also marker "
+    f"mgpu_isolate, ini mgpu_isolate, env {ENV_ISOLATE}=1)",
+    ini="bool", ini_help="true: fresh rank processes for every call", env=ENV_ISOLATE,
+    cli={"action": "store_const", "const": "1"})
+CORE_OPTIONS: Final = (FALLBACK, TIMEOUT, SEED, MAX_CPU_RANKS, ISOLATE)
+
+BASELINES = Option(
+    "mgpu_baselines", "--mgpu-baselines",
+    "directory of timing baselines, one JSON file per hardware fingerprint (default: "
+    "<rootdir>/baselines; ini mgpu_baselines)",
+    ini_help="timing baselines directory: see --mgpu-baselines", cli={"metavar": "DIR"})
+SAVE_BASELINES = Option(
+    "mgpu_save_baselines", "--mgpu-save-baselines",
+    "append this run's timings (of tests that passed) to the baseline histories",
+    ini=None, cli={"action": "store_true"})
+REGRESSION = Option(
+    "mgpu_regression", "--mgpu-regression",
+    "effect size a slowdown must exceed to count as a regression (default 10; ini mgpu_regression)",
+    ini_help="regression threshold in percent: see --mgpu-regression", cli={"metavar": "PCT"})
+GATE = Option(
+    "mgpu_gate", "--mgpu-gate",
+    "what a regression does: fail the test, warn, or auto (default: fail once the measurement has a "
+    "long enough history, GPUs and CPU ranks alike; warn under -n)",
+    ini_help="auto, fail or warn: see --mgpu-gate", cli={"choices": GATE_MODES})
+REPORT = Option(
+    "mgpu_report", "--mgpu-report",
+    "write the timing report to PATH: .md, .json or .csv; no extension: Markdown appended "
+    "(--mgpu-report=$GITHUB_STEP_SUMMARY); repeatable",
+    ini=None, cli={"metavar": "PATH", "action": "append"})
+PLOT = Option("mgpu_plot", "--mgpu-plot", "draw PNG charts of the timings into DIR (needs matplotlib)",
+              ini=None, cli={"metavar": "DIR"})
+TIMING_OPTIONS: Final = (BASELINES, SAVE_BASELINES, REGRESSION, GATE, REPORT, PLOT)
+
+
+def add_options(parser, group, options) -> None:
+    """Register ``options`` with pytest: the flag in ``group``, the ini name with its type."""
+    for opt in options:
+        default = False if opt.cli.get("action") == "store_true" else None
+        group.addoption(opt.flag, dest=opt.dest, default=default, help=opt.help, **opt.cli)
+    for opt in options:
+        if opt.ini is not None:
+            parser.addini(opt.dest, opt.ini_help, type=opt.ini, default=None)
+
+
+# -- reading them -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Given:
+    """A value and where it came from: "--mgpu-timeout", "PYTEST_MGPU_FALLBACK", "ini mgpu_timeout",
+    or "default" (then ``value`` is None)."""
+
+    value: object
+    where: str
+
+    @property
+    def source(self) -> Literal["command line", "environment", "ini", "default"]:
+        if self.where.startswith("--"):
+            return "command line"
+        if self.where.startswith("ini "):
+            return "ini"
+        return "default" if self.where == "default" else "environment"
+
+
+class Sources:
+    """Command line, environment and ini file, read in that order."""
+
+    def __init__(self, option: Callable[[str], object], ini: Callable[[str], object],
+                 environ: Optional[Mapping[str, str]] = None):
+        self.option, self.ini = option, ini
+        self.environ = os.environ if environ is None else environ
+
+    def pick(self, opt: Option) -> Given:
+        value = self.option(opt.dest)
+        if not _empty(value):
+            return Given(value, opt.flag)
+        if opt.env and not _empty(self.environ.get(opt.env)):
+            return Given(self.environ[opt.env], opt.env)
+        if opt.ini is not None:
+            where = f"ini {opt.dest}"
+            try:
+                value = self.ini(opt.dest)
+            except (TypeError, ValueError) as exc:  # pytest could not read it as its type
+                raise SettingsError(f"{where} must be a {opt.ini} ({exc})") from None
+            if not _empty(value):
+                return Given(value, where)
+        return Given(None, "default")
+
+
+def _empty(value: object) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+def choice(given: Given, choices: Tuple[str, ...], default: str) -> str:
+    if given.value is None:
+        return default
+    value = str(given.value).strip().lower()
+    if value not in choices:
+        raise SettingsError(f"{given.where} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def integer(given: Given, default: int) -> int:
+    if given.value is None:
+        return default
+    try:
+        return int(str(given.value).strip())
+    except ValueError:
+        raise SettingsError(f"{given.where} takes an integer, got {given.value!r}") from None
+
+
+def boolean(given: Given) -> bool:
+    if given.value is None:
+        return False
+    if isinstance(given.value, bool):  # a "bool" ini, already read by pytest
+        return given.value
+    text = str(given.value).strip().lower()
+    if text not in TRUE | FALSE:
+        raise SettingsError(f"{given.where} must be true or false (1/0, yes/no, on/off), got {given.value!r}")
+    return text in TRUE
 
 
 def validate_timeout(value: object, where: str, *, text_ok: bool) -> float:
@@ -32,51 +212,90 @@ def validate_timeout(value: object, where: str, *, text_ok: bool) -> float:
     return seconds
 
 
+def percentage(given: Given, default: float) -> float:
+    """"10" or "10%" as the fraction 0.10."""
+    if given.value is None:
+        return default
+    try:
+        fraction = float(str(given.value).strip().rstrip("%")) / 100.0
+    except ValueError:
+        raise SettingsError(f"{given.where} takes a percentage such as 10 or 10%, got {given.value!r}") from None
+    if not fraction > 0:
+        raise SettingsError(f"{given.where} must be a positive percentage, got {given.value!r}")
+    return fraction
+
+
+# -- the core settings ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Settings:
     fallback: str = "skip"
     timeout_s: float = DEFAULT_TIMEOUT_S
-    timeout_source: str = f"the default --mgpu-timeout of {DEFAULT_TIMEOUT_S:g}s"  # named when it fires
-    seed: int = 0
-    max_cpu_ranks: int = 8
+    timeout_source: str = DEFAULT_TIMEOUT_SOURCE  # named when the limit fires
+    seed: int = DEFAULT_SEED
+    max_cpu_ranks: int = DEFAULT_MAX_CPU_RANKS
     isolate: bool = False  # fresh rank processes for every call instead of warm ones
 
 
-def resolve(option: Callable[[str], object], ini: Callable[[str], object]) -> Settings:
-    """Command line beats environment beats ini file beats default."""
-
-    def pick(opt: str, ini_name: str, env: Optional[str] = None):
-        v = option(opt)
-        if v is None and env:
-            v = os.environ.get(env) or None
-        if v is None:
-            v = ini(ini_name) or None
-        return v
-
-    fallback = str(pick("mgpu_fallback", "mgpu_fallback", ENV_FALLBACK) or "skip").strip().lower()
-    if fallback not in FALLBACKS:
-        raise SettingsError(
-            f"--mgpu-fallback (or {ENV_FALLBACK} / ini mgpu_fallback) must be one of "
-            f"{', '.join(FALLBACKS)}, got {fallback!r}"
-        )
-    timeout, timeout_source = _timeout(option("mgpu_timeout"), ini("mgpu_timeout") or None)
-    raw_seed = pick("mgpu_seed", "mgpu_seed")
-    raw_max = pick("mgpu_max_cpu_ranks", "mgpu_max_cpu_ranks")
-    try:
-        seed = int(raw_seed) if raw_seed is not None else 0
-        max_cpu = int(raw_max) if raw_max is not None else 8
-    except ValueError as exc:
-        raise SettingsError(f"--mgpu-seed and --mgpu-max-cpu-ranks take integers: {exc}") from None
-    isolate = str(pick("mgpu_isolate", "mgpu_isolate", "PYTEST_MGPU_ISOLATE") or "").strip().lower()
-    return Settings(fallback=fallback, timeout_s=timeout, timeout_source=timeout_source, seed=seed, max_cpu_ranks=max_cpu,
-                    isolate=isolate in ("1", "true", "yes", "on"))
+def resolve(option: Callable[[str], object], ini: Callable[[str], object],
+            environ: Optional[Mapping[str, str]] = None) -> Settings:
+    """The core settings; command line beats environment beats ini file beats default."""
+    src = Sources(option, ini, environ)
+    timeout = src.pick(TIMEOUT)
+    if timeout.value is None:
+        seconds, source = DEFAULT_TIMEOUT_S, DEFAULT_TIMEOUT_SOURCE
+    else:
+        seconds = validate_timeout(timeout.value, timeout.where, text_ok=True)
+        source = f"{timeout.where}={seconds:g}"
+    return Settings(
+        fallback=choice(src.pick(FALLBACK), FALLBACKS, "skip"),
+        timeout_s=seconds,
+        timeout_source=source,
+        seed=integer(src.pick(SEED), DEFAULT_SEED),
+        max_cpu_ranks=integer(src.pick(MAX_CPU_RANKS), DEFAULT_MAX_CPU_RANKS),
+        isolate=boolean(src.pick(ISOLATE)),
+    )
 
 
-def _timeout(cli: object, ini_value: object):
-    if cli is not None:
-        seconds = validate_timeout(cli, "--mgpu-timeout", text_ok=True)
-        return seconds, f"--mgpu-timeout={seconds:g}"
-    if ini_value is not None:
-        seconds = validate_timeout(ini_value, "ini mgpu_timeout", text_ok=True)
-        return seconds, f"ini mgpu_timeout={seconds:g}"
-    return DEFAULT_TIMEOUT_S, f"the default --mgpu-timeout of {DEFAULT_TIMEOUT_S:g}s"
+# -- the timing settings ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TimingSettings:
+    baselines_dir: Path
+    save: bool = False
+    threshold: float = DEFAULT_THRESHOLD  # fraction: 0.10 = 10% slower
+    gate: GateMode = "auto"  # auto: fail once a measurement's history is long enough (GPUs and CPU ranks)
+    report_paths: Tuple[Path, ...] = ()
+    plot_dir: Optional[Path] = None
+
+    def mode_for(self, shared_cores: bool) -> Literal["fail", "warn"]:
+        """What a regression does. ``auto`` fails on GPUs and on emulated CPU ranks alike (the
+        history rule holds its false-alarm rate on the shared machine, README), except under xdist,
+        where tests time each other's load: there it only warns."""
+        if self.gate == "auto":
+            return "warn" if shared_cores else "fail"
+        return "fail" if self.gate == "fail" else "warn"
+
+
+def resolve_timing(option: Callable[[str], object], ini: Callable[[str], object], rootpath: Path,
+                   invocation_dir: Optional[Path] = None) -> TimingSettings:
+    """The timing settings (command line beats ini). Paths given on the command line are relative
+    to where pytest was started; the baselines directory from the ini file, or by default, to the
+    rootdir."""
+    src = Sources(option, ini)
+    here = Path(invocation_dir) if invocation_dir is not None else Path.cwd()
+    baselines = src.pick(BASELINES)
+    base = {"command line": here, "ini": rootpath}.get(baselines.source)
+    raw_reports = option(REPORT.dest) or []
+    reports = tuple(here / str(r) for r in ([raw_reports] if isinstance(raw_reports, str) else raw_reports))
+    for report in reports:
+        if report.suffix.lower() not in REPORT_SUFFIXES:
+            raise SettingsError(f"{REPORT.flag} writes .md, .json or .csv (by extension; no extension: "
+                                f"Markdown appended, as for $GITHUB_STEP_SUMMARY), got {report}")
+    plots = src.pick(PLOT).value
+    return TimingSettings(
+        baselines_dir=base / str(baselines.value) if base is not None else rootpath / "baselines",
+        save=bool(option(SAVE_BASELINES.dest)),
+        threshold=percentage(src.pick(REGRESSION), DEFAULT_THRESHOLD),
+        gate=choice(src.pick(GATE), GATE_MODES, "auto"),  # type: ignore[arg-type]
+        report_paths=reports,
+        plot_dir=here / str(plots) if plots is not None else None,
+    )

@@ -9,7 +9,7 @@ import functools
 import torch
 
 from pytest_mgpu import rank_context, world_sizes
-from pytest_mgpu.parity.staged import auto_split_points, place_stages
+from pytest_mgpu.parity.runners.staged import auto_split_points, place_stages
 from suites import models as M
 
 SIZES = world_sizes(1, 2, 4)

@@ -16,7 +16,7 @@ def test_instability_names_spread_and_drift():
 
 
 def _timing(rank, samples, refs=(0.001, 0.001)):
-    return RankTiming(rank, list(samples), [], ["cpu"], None, "", 1, list(refs))
+    return RankTiming(rank, list(samples), [], None, "", list(refs))
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])

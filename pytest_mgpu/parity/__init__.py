@@ -4,7 +4,7 @@
 """
 from .engine import assert_parity, cross_entropy, sgd_momentum
 from .report import ParityError, ParityReport
-from .strategies import STRATEGIES, StrategyError
+from .registry import STRATEGIES, StrategyError
 from .tolerance import Tolerance
 
 __all__ = [

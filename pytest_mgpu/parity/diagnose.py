@@ -4,12 +4,11 @@ except the constant gradient ratio, which is itself an observation)."""
 from __future__ import annotations
 
 import math
-import statistics
-from typing import List
+from typing import Callable, Final, List, Tuple
 
 from tabulate import tabulate
 
-from .hints import number_hints
+from .hints import Report, common_factor, number_hints
 from .records import KINDS, RunFacts, TensorError
 from .tolerance import DATA_PARALLEL
 
@@ -29,7 +28,7 @@ def _e(x: float) -> str:
     return f"{x:.2e}"
 
 
-def summary_table(report: "ParityReport") -> str:
+def summary_table(report: Report) -> str:
     """One row per step: the worst norm-wise relative error of each kind, the float64 floor, the
     line, and how far along it the step's worst tensor is (what is judged)."""
     kinds = [k for k in KINDS if any(e.kind == k for r in report.records for e in r.errors)]
@@ -53,7 +52,7 @@ def summary_table(report: "ParityReport") -> str:
     return tabulate(rows, headers=headers, tablefmt="simple")
 
 
-def divergence_table(report: "ParityReport") -> str:
+def divergence_table(report: Report) -> str:
     """The first diverging step's worst tensors, worst first (by error / tolerance)."""
     failures = report.failures()
     if not failures:
@@ -75,89 +74,115 @@ def divergence_table(report: "ParityReport") -> str:
 
 def _grad_scale(errors: List[TensorError]) -> float:
     """The common ||strategy grad|| / ||reference grad|| when every gradient is off by one factor."""
-    ratios = [e.norm_ratio for e in errors if e.kind == "grad" and not e.missing and e.scale > 0
-              and math.isfinite(e.norm_ratio)]
-    if len(ratios) < 2:
-        return 1.0
-    med = statistics.median(ratios)
-    if abs(med - 1.0) < 0.05 or any(abs(r - med) > 0.02 * abs(med) for r in ratios):
-        return 1.0
-    return med
+    return common_factor([e.norm_ratio for e in errors if e.kind == "grad" and not e.missing and e.scale > 0
+                          and math.isfinite(e.norm_ratio)])
 
 
-def likely_causes(report: "ParityReport") -> List[str]:
-    f: RunFacts = report.facts
-    base = f.strategy.split("/")[0]
-    splits_batch = (base in DATA_PARALLEL and f.world_size > 1) or f.microbatches > 1
-    hints = []
-    if f.batchnorm and splits_batch:
-        how = (f"{f.microbatches} micro-batches" if f.microbatches > 1 else f"the {f.world_size} shards")
-        if f.microbatches > 1:
-            fix = "BatchNorm cannot see across micro-batches: compare in eval() mode, or use GroupNorm/LayerNorm"
-        elif base == "dp":
-            fix = ("DataParallel replicas cannot share statistics: use DDP with SyncBatchNorm, or compare "
-                   "in eval() mode")
-        else:
-            fix = ("convert with torch.nn.SyncBatchNorm.convert_sync_batchnorm (sync_bn=True for ddp) so "
-                   "statistics cover the global batch")
-        hints.append(
-            f"BatchNorm without SyncBatchNorm: {len(f.batchnorm)} BatchNorm module(s) in training mode "
+def _splits_batch(f: RunFacts) -> bool:
+    return (f.strategy.split("/")[0] in DATA_PARALLEL and f.world_size > 1) or f.microbatches > 1
+
+
+def _batchnorm(report: Report) -> str:
+    f = report.facts
+    if not (f.batchnorm and _splits_batch(f)):
+        return ""
+    how = (f"{f.microbatches} micro-batches" if f.microbatches > 1 else f"the {f.world_size} shards")
+    if f.microbatches > 1:
+        fix = "BatchNorm cannot see across micro-batches: compare in eval() mode, or use GroupNorm/LayerNorm"
+    elif f.strategy.split("/")[0] == "dp":
+        fix = ("DataParallel replicas cannot share statistics: use DDP with SyncBatchNorm, or compare "
+               "in eval() mode")
+    else:
+        fix = ("convert with torch.nn.SyncBatchNorm.convert_sync_batchnorm (sync_bn=True for ddp) so "
+               "statistics cover the global batch")
+    return (f"BatchNorm without SyncBatchNorm: {len(f.batchnorm)} BatchNorm module(s) in training mode "
             f"({_names(f.batchnorm)}) normalize each of {how} with its own mean and variance, not the "
-            f"global batch's. Fix: {fix}."
-        )
-    if f.dropout:
-        hints.append(
-            f"Dropout or other randomness: {len(f.dropout)} active dropout module(s) ({_names(f.dropout)}) "
+            f"global batch's. Fix: {fix}.")
+
+
+def _dropout(report: Report) -> str:
+    f = report.facts
+    if not f.dropout:
+        return ""
+    return (f"Dropout or other randomness: {len(f.dropout)} active dropout module(s) ({_names(f.dropout)}) "
             "draw different masks for a shard than for the global batch. Put the model in eval() or "
-            "set p=0 for the parity check."
-        )
+            "set p=0 for the parity check.")
+
+
+def _sharded(f: RunFacts) -> bool:
+    """DDP or FSDP over several ranks: the gradients are averaged over shards."""
+    return f.strategy.split("/")[0] in ("ddp", "fsdp") and f.world_size > 1
+
+
+def _scaling(report: Report) -> str:
+    f = report.facts
     scale = _grad_scale([e for r in report.records[:1] for e in r.errors])
-    if base in ("ddp", "fsdp") and f.world_size > 1 and (f.loss_reduction == "sum" or scale != 1.0):
+    if _sharded(f) and (f.loss_reduction == "sum" or scale != 1.0):
         seen = f" (gradients are {scale:.3g}x the reference's" + \
             (f"; 1/{f.world_size} = {1 / f.world_size:.3g})" if abs(scale * f.world_size - 1) < 0.05 else ")") \
             if scale != 1.0 else ""
-        hints.append(
-            f"loss reduction='sum' under DDP averaging{seen}: DDP and FSDP divide the summed gradients "
-            f"by the world size ({f.world_size}), which equals the global-batch gradient only for a "
-            "per-rank mean loss. Use reduction='mean', or scale the loss by the world size."
-        )
-    elif scale != 1.0:
-        hints.append(f"every gradient is {scale:.3g}x the reference's: a loss scaling or averaging mismatch.")
+        return (f"loss reduction='sum' under DDP averaging{seen}: DDP and FSDP divide the summed gradients "
+                f"by the world size ({f.world_size}), which equals the global-batch gradient only for a "
+                "per-rank mean loss. Use reduction='mean', or scale the loss by the world size.")
+    if scale != 1.0:
+        return f"every gradient is {scale:.3g}x the reference's: a loss scaling or averaging mismatch."
+    return ""
+
+
+def _uneven_shards(report: Report) -> str:
+    f = report.facts
     uneven = sorted({b for b in f.batch_sizes if b % max(1, f.world_size) != 0})
-    if base in ("ddp", "fsdp") and f.world_size > 1 and uneven:
-        hints.append(
-            f"global batch not divisible by the world size: batch {uneven[0]} on {f.world_size} ranks; "
+    if not (_sharded(f) and uneven):
+        return ""
+    return (f"global batch not divisible by the world size: batch {uneven[0]} on {f.world_size} ranks; "
             f"DistributedSampler pads the shards to {f.shard_sizes} by repeating samples, so some "
-            "samples count twice. Use a batch divisible by the world size (or drop_last=True)."
-        )
-    uneven_mb = sorted({b for b in f.batch_sizes if f.microbatches > 1 and b % f.microbatches})
-    if uneven_mb:
-        hints.append(
-            f"batch {uneven_mb[0]} does not split into {f.microbatches} equal micro-batches: the mean "
-            "of micro-batch means weights samples unequally. Use a divisible batch."
-        )
-    if f.unused:
-        hints.append(
-            f"unused parameters: {len(f.unused)} parameter(s) get no gradient ({_names(f.unused)}). "
-            "DDP needs find_unused_parameters=True for them; compare them only if the model uses them."
-        )
-    if report.tolerance.rule == "derived" and report.facts.dtype in ("float16", "bfloat16", "tf32"):
-        hints.append(
-            f"{f.dtype} arithmetic: if the errors are just above the tolerance and grow slowly, they "
-            "are rounding; pass rtol=/atol= (the tolerance source above says how it was derived)."
-        )
-    if report.exact:
-        hints.append(f"bitwise equality was demanded (deterministic=True): {f.exact_note}.")
+            "samples count twice. Use a batch divisible by the world size (or drop_last=True).")
+
+
+def _uneven_microbatches(report: Report) -> str:
+    f = report.facts
+    uneven = sorted({b for b in f.batch_sizes if f.microbatches > 1 and b % f.microbatches})
+    if not uneven:
+        return ""
+    return (f"batch {uneven[0]} does not split into {f.microbatches} equal micro-batches: the mean "
+            "of micro-batch means weights samples unequally. Use a divisible batch.")
+
+
+def _unused(report: Report) -> str:
+    f = report.facts
+    if not f.unused:
+        return ""
+    return (f"unused parameters: {len(f.unused)} parameter(s) get no gradient ({_names(f.unused)}). "
+            "DDP needs find_unused_parameters=True for them; compare them only if the model uses them.")
+
+
+def _low_precision(report: Report) -> str:
+    f = report.facts
+    if not (report.tolerance.rule == "derived" and f.dtype in ("float16", "bfloat16", "tf32")):
+        return ""
+    return (f"{f.dtype} arithmetic: if the errors are just above the tolerance and grow slowly, they "
+            "are rounding; pass rtol=/atol= (the tolerance source above says how it was derived).")
+
+
+def _bitwise(report: Report) -> str:
+    return f"bitwise equality was demanded (deterministic=True): {report.facts.exact_note}." if report.exact else ""
+
+
+# Each reads one fact that rank 0 observed (or the constant gradient ratio) and says "" when it
+# does not apply; listed in the order the message gives them.
+FACT_HINTS: Final[Tuple[Callable[[Report], str], ...]] = (
+    _batchnorm, _dropout, _scaling, _uneven_shards, _uneven_microbatches, _unused, _low_precision, _bitwise)
+NO_CAUSE: Final = ("no known cause detected: look for rank-dependent code, non-deterministic kernels, or "
+                   "state kept between steps; rerun with steps=1 to see if the first step already diverges.")
+
+
+def likely_causes(report: Report) -> List[str]:
+    hints = [h for h in (hint(report) for hint in FACT_HINTS) if h]
     hints += number_hints(report)  # the user's own code: hints read from the numbers
-    if not hints:
-        hints.append(
-            "no known cause detected: look for rank-dependent code, non-deterministic kernels, or "
-            "state kept between steps; rerun with steps=1 to see if the first step already diverges."
-        )
-    return hints
+    return hints or [NO_CAUSE]
 
 
-def failure_message(report: "ParityReport") -> str:
+def failure_message(report: Report) -> str:
     failures = report.failures()
     first = failures[0][0]
     n_bad = len({(e.kind, e.name) for s, e, _ in failures if s == first})

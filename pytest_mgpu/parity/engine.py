@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ..launch.errors import RankFailure
-from . import strategies
+from . import registry
 from .records import ParityJob, Portable
 from .report import ParityError, ParityReport
 from .tolerance import Tolerance, derive_tolerance, measure_tolerance
@@ -53,13 +53,13 @@ def assert_parity(dist, strategy: str, model_fn, batch_fn, *, loss_fn=None, opti
     order (the report says when it cannot, and falls back to the tolerance).
     """
     __tracebackhide__ = True
-    spec, opts = strategies.resolve(strategy, options)
+    spec, opts = registry.resolve(strategy, options)
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     for name, v in (("rtol", rtol), ("atol", atol)):
         if v is not None and not (isinstance(v, (int, float)) and v >= 0):
             raise ValueError(f"{name} must be a non-negative number, got {v!r}")
-    reason = strategies.unavailable(spec, opts, dist.device_type, dist.world_size)
+    reason = registry.unavailable(spec, opts, dist.device_type, dist.world_size)
     if reason:
         _skip(f"{strategy!r} cannot run here: {reason}")
     job = ParityJob(

@@ -19,8 +19,8 @@ from typing import Any, Dict, List, Optional
 
 from .records import RunFacts, TensorError
 
-# The reports these read are parity.engine's ParityReport; typed as Any so that this module, which
-# engine's diagnose imports, imports nothing back (data flows one way).
+# The reports these read are parity.report's ParityReport; typed as Any so that this module and
+# diagnose, which parity.report imports, import nothing back (data flows one way).
 Report = Any
 
 REPLICA = "rank "  # replica rows are named "rank r: <name>" (rank r against rank 0)
@@ -62,6 +62,17 @@ def number_hints(report: Report) -> List[str]:
     return [h for h in hints if h]
 
 
+def common_factor(ratios: List[float]) -> float:
+    """The factor every ||strategy grad|| / ||reference grad|| shares (within 2% of their median);
+    1.0 when fewer than two, when they disagree, or when it is within 5% of 1 (roundoff)."""
+    if len(ratios) < 2:
+        return 1.0
+    k = statistics.median(ratios)
+    if abs(k - 1) < 0.05 or any(abs(r - k) > 0.02 * abs(k) for r in ratios):
+        return 1.0
+    return k
+
+
 def _first_grads(report: Report) -> List[TensorError]:
     first = report.records[0].errors if report.records else []
     return [e for e in first if e.kind == "grad" and _replica(e) is None and not e.missing
@@ -71,10 +82,8 @@ def _first_grads(report: Report) -> List[TensorError]:
 def _factor(report: Report, f: UserFacts) -> str:
     """Step 0's gradients (same weights on both sides) all off by one factor."""
     ratios = [e.norm_ratio for e in _first_grads(report)]
-    if len(ratios) < 2:
-        return ""
-    k = statistics.median(ratios)
-    if abs(k - 1) < 0.05 or any(abs(r - k) > 0.02 * abs(k) for r in ratios):
+    k = common_factor(ratios)
+    if k == 1.0:
         return ""
     w = f.world_size
     seen = f"every gradient at step 0 is {k:.4g}x the reference's ({len(ratios)} tensors agree)"

@@ -34,7 +34,6 @@ class SideLog:
     steps: List[StepLog] = field(default_factory=list)
     batchnorm: List[str] = field(default_factory=list)  # BatchNorm modules in training mode (not Sync)
     dropout: List[str] = field(default_factory=list)  # active dropout modules
-    error: str = ""  # why logging was refused (e.g. a loss that is not a scalar)
 
 
 def clean_name(name: str) -> str:

@@ -10,11 +10,13 @@ import functools
 import math
 import pickle
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Final, List, Literal, Optional, Tuple, get_args
 
 from ..launch.protocol import BadCallError, FnRef
 
-KINDS = ("loss", "output", "grad", "param", "buffer")
+# What a compared tensor is; the report lists kinds in this order.
+Kind = Literal["loss", "output", "grad", "param", "buffer"]
+KINDS: Final[Tuple[Kind, ...]] = get_args(Kind)
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ class ParityJob:
 class TensorError:
     """How far one tensor of the strategy is from the reference at one step."""
 
-    kind: str  # one of KINDS
+    kind: Kind
     name: str
     shape: Tuple[int, ...]
     max_abs: float  # max |strategy - reference|; inf where one side is NaN/inf and the other is not
@@ -123,9 +125,7 @@ class RunFacts:
     world_size: int
     dtype: str = "float32"  # the parameters' dtype; "tf32" when CUDA fp32 runs on TF32 units
     device: str = "cpu"
-    training: bool = True
     batchnorm: List[str] = field(default_factory=list)  # BatchNorm modules that are not SyncBatchNorm
-    syncbn: List[str] = field(default_factory=list)
     dropout: List[str] = field(default_factory=list)  # active dropout modules (p > 0)
     loss_reduction: Optional[str] = None
     batch_sizes: List[int] = field(default_factory=list)  # global batch per step

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import List, Literal, Optional, Tuple
 
 from . import diagnose
-from .records import KINDS, RunFacts, StepRecord, TensorError
+from .records import KINDS, Kind, RunFacts, StepRecord, TensorError
 from .tolerance import Tolerance
+
+# How per_step measures a kind's worst error: norm-wise relative (judged), elementwise relative, absolute.
+Metric = Literal["rel", "max_rel", "max_abs"]
 
 
 @dataclass(frozen=True)
@@ -79,24 +82,24 @@ class ParityReport:
         """The largest error / bound over every step and tensor: how close the run came to failing."""
         return max((line.ratio for line in self.lines()), default=0.0)
 
-    def errors(self, kind: Optional[str] = None, step: Optional[int] = None) -> List[TensorError]:
+    def errors(self, kind: Optional[Kind] = None, step: Optional[int] = None) -> List[TensorError]:
         if kind is not None and kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         return [e for r in self.records if step is None or r.step == step
                 for e in r.errors if kind is None or e.kind == kind]
 
-    def max_abs(self, kind: Optional[str] = None, step: Optional[int] = None) -> float:
+    def max_abs(self, kind: Optional[Kind] = None, step: Optional[int] = None) -> float:
         return max((e.max_abs for e in self.errors(kind, step)), default=0.0)
 
-    def max_rel(self, kind: Optional[str] = None, step: Optional[int] = None) -> float:
+    def max_rel(self, kind: Optional[Kind] = None, step: Optional[int] = None) -> float:
         """Worst elementwise error relative to the tensor's max |reference|."""
         return max((e.max_rel for e in self.errors(kind, step)), default=0.0)
 
-    def rel(self, kind: Optional[str] = None, step: Optional[int] = None) -> float:
+    def rel(self, kind: Optional[Kind] = None, step: Optional[int] = None) -> float:
         """Worst norm-wise relative error ||strategy - reference|| / ||reference|| (what is judged)."""
         return max((e.rel for e in self.errors(kind, step)), default=0.0)
 
-    def per_step(self, metric: str = "rel") -> List[dict]:
+    def per_step(self, metric: Metric = "rel") -> List[dict]:
         """The worst error of each kind, per step: ``metric`` is "rel" (norm-wise, judged),
         "max_rel" or "max_abs". What a test prints or asserts on."""
         get = {"rel": self.rel, "max_rel": self.max_rel, "max_abs": self.max_abs}.get(metric)

@@ -19,22 +19,9 @@ import copy
 import math
 from typing import Dict, Optional, Tuple
 
+from .batches import batch_len, call_model, shard_indices, split_micro, to_float64, tree_index, tree_to
+from .distance import gap
 from .records import StepRecord
-
-
-def _double(tree):
-    """Floating tensors of a batch in float64; labels and other integers unchanged."""
-    import torch
-    from torch.utils._pytree import tree_map_only
-
-    return tree_map_only(torch.Tensor, lambda t: t.double() if t.is_floating_point() else t, tree)
-
-
-def _gap(a, b) -> float:
-    """||a - b||_2 in float64 (NaN where either side is missing or shapes differ)."""
-    if a is None or b is None or a.shape != b.shape or not a.is_floating_point():
-        return math.nan
-    return float((a.detach().double() - b.detach().double().to(a.device)).norm().item())
 
 
 class _Companion:
@@ -60,16 +47,16 @@ class _Companion:
         except Exception as exc:  # noqa: BLE001 - any failure means: no companion, say why
             return None, f"no {cls.what} ({type(exc).__name__}: {exc})"
 
-    def forward_backward(self, call_model, loss_fn, inputs, targets, device) -> None:
+    def forward_backward(self, loss_fn, inputs, targets, device) -> None:
         if self.failed:
             return
         try:
             self.optimizer.zero_grad(set_to_none=True)
-            self.loss, self.out = self._forward_backward(call_model, loss_fn, inputs, targets, device)
+            self.loss, self.out = self._forward_backward(loss_fn, inputs, targets, device)
         except Exception as exc:  # noqa: BLE001
             self.failed = f"the {self.what} failed ({type(exc).__name__}: {exc})"
 
-    def _forward_backward(self, call_model, loss_fn, inputs, targets, device):
+    def _forward_backward(self, loss_fn, inputs, targets, device):
         raise NotImplementedError
 
     def step(self) -> None:
@@ -83,11 +70,11 @@ class _Companion:
         """The reference's distance from this companion: loss, output and gradients (after backward)."""
         if self.failed:
             return {}
-        gaps = {("loss", "loss"): _gap(ref_loss.reshape(()), self.loss.reshape(())),
-                ("output", "output"): _gap(ref_out, self.out)}
+        gaps = {("loss", "loss"): gap(ref_loss.reshape(()), self.loss.reshape(())),
+                ("output", "output"): gap(ref_out, self.out)}
         mine = dict(self.model.named_parameters())
         for name, p in reference.named_parameters():
-            gaps[("grad", name)] = _gap(p.grad, mine[name].grad)
+            gaps[("grad", name)] = gap(p.grad, mine[name].grad)
         return gaps
 
     def gaps_after_step(self, reference) -> Dict[Tuple[str, str], float]:
@@ -99,7 +86,7 @@ class _Companion:
                                    ("buffer", reference.named_buffers(), self.model.named_buffers())):
             mine = dict(theirs)
             for name, t in ours:
-                gaps[(kind, name)] = _gap(t, mine.get(name))
+                gaps[(kind, name)] = gap(t, mine.get(name))
         return gaps
 
 
@@ -120,12 +107,11 @@ class Shadow(_Companion):
 
         super().__init__(reference, optimizer_fn, torch.float64)
 
-    def _forward_backward(self, call_model, loss_fn, inputs, targets, device):
+    def _forward_backward(self, loss_fn, inputs, targets, device):
         import torch
-        from .strategies import tree_to
 
-        out = call_model(self.model, _double(tree_to(inputs, device)))
-        loss = loss_fn(out, _double(tree_to(targets, out.device)))
+        out = call_model(self.model, to_float64(tree_to(inputs, device)))
+        loss = loss_fn(out, to_float64(tree_to(targets, out.device)))
         if loss.dtype != torch.float64:
             raise TypeError(f"the loss came out as {loss.dtype} from a float64 model")
         loss.backward()
@@ -148,9 +134,8 @@ class Twin(_Companion):
         super().__init__(reference, optimizer_fn)
         self.order = order
 
-    def _forward_backward(self, call_model, loss_fn, inputs, targets, device):
+    def _forward_backward(self, loss_fn, inputs, targets, device):
         import torch
-        from .strategies import batch_len, shard_indices, split_micro, tree_index, tree_to
 
         x, y = tree_to(inputs, device), tree_to(targets, device)
         order, b = self.order, batch_len(x)

@@ -19,9 +19,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from .engine import ParityError, ParityReport, judge
 from .hints import UserFacts, replica_name
 from .recorder import SideLog, record, record_shadow
+from .distance import compare, gap, tensor_error
 from .records import Portable, RankResult, StepRecord, TensorError
-from .user import floor
-from .worker import compare, tensor_error
 
 
 class StepCountError(AssertionError):
@@ -105,10 +104,10 @@ def shadow_mismatch(ref: SideLog, shadow: Optional[SideLog]) -> str:
         w = wide.get(name)
         if t is None or w is None or t.shape != w.shape:
             return f"the reference loop's float64 run has no parameter {name!r} of shape {tuple(t.shape)}"
-        size = float(t.double().norm())
-        if floor(t, w) > SAME_START * max(size, 1e-12):
+        rel = gap(t, w) / max(float(t.double().norm()), 1e-12)
+        if rel > SAME_START:
             return (f"the reference loop's float64 run started from other weights ({name} differs by "
-                    f"{floor(t, w) / max(size, 1e-12):.2g} relative at step 0): its model or data do not "
+                    f"{rel:.2g} relative at step 0): its model or data do not "
                     "come from the test's seed alone")
     return ""
 
@@ -150,5 +149,5 @@ def _floors(kind: str, ref: Dict, wide: Optional[Dict], errors: List[TensorError
     if wide is None:
         return out
     for e in errors:
-        e.floor = out[e.name] = floor(ref.get(e.name), wide.get(e.name))
+        e.floor = out[e.name] = gap(ref.get(e.name), wide.get(e.name))
     return out

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from .engine import ParityError, ParityReport, cross_entropy, judge, sgd_momentum
 from .hints import UserFacts
+from .batches import call_model, to_float64, tree_to
+from .distance import compare, gap
 from .records import Portable, RankResult, RunFacts, StepRecord
-from .strategies import call_model, tree_to
-from .worker import build_model, compare, model_facts
+from .worker import build_model, model_facts
 
 
 class ParamNameError(ValueError):
@@ -163,14 +163,6 @@ def output_order(got, ref) -> Optional[List[int]]:
     return None
 
 
-def _wide(tree):
-    """Floating tensors of a batch in float64, for the shadow reference."""
-    import torch
-    from torch.utils._pytree import tree_map_only
-
-    return tree_map_only(torch.Tensor, lambda t: t.double() if t.is_floating_point() else t, tree)
-
-
 def _facts(ref, loss_fn, job: UserParityJob, device, stage_of) -> UserFacts:
     base: RunFacts = model_facts(ref, loss_fn, job, job.world_size, device)
     facts = UserFacts(**{f.name: getattr(base, f.name) for f in dataclasses.fields(RunFacts)})
@@ -229,7 +221,7 @@ def _step(step, batch, sides, loss_fn, device, user_by_ref, facts: UserFacts, co
     for i, (model, opt) in enumerate(sides):
         opt.zero_grad(set_to_none=True)
         with torch.random.fork_rng(devices=[device.index] if device.type == "cuda" else []):
-            x, y = (inputs, targets) if i != 1 else _wide((inputs, targets))
+            x, y = (inputs, targets) if i != 1 else to_float64((inputs, targets))
             out = call_model(model, tree_to(x, device))
             loss = loss_fn(out, tree_to(y, out.device))
             loss.backward()
@@ -259,14 +251,5 @@ def _with_floor(kind: str, got: Dict, ref: Dict, wide: Dict):
     """``compare``'s errors, each with its floor ||reference - float64 shadow||."""
     errors = compare(kind, got, ref)
     for e in errors:
-        e.floor = floor(ref.get(e.name), wide.get(e.name))
+        e.floor = gap(ref.get(e.name), wide.get(e.name))
     return errors
-
-
-def floor(ref, wide) -> float:
-    """||ref - wide||_2 in float64: the model's own float32 roundoff (what ``tensor_error(kind,
-    name, ref, wide).norm_err`` gives, in one pass instead of a dozen: this runs on every tensor of
-    the model, every step). NaN where either is missing or they differ in shape."""
-    if ref is None or wide is None or ref.shape != wide.shape:
-        return math.nan
-    return float((ref.detach().double() - wide.detach().to(ref.device).double()).norm())

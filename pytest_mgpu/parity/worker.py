@@ -15,12 +15,14 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from typing import Dict, List, Optional
+from typing import List, Optional
 
-from .records import ParityJob, RankResult, RunFacts, StepRecord, TensorError
+from .batches import batch_len, call_model, tree_to
+from .distance import compare, tensor_error
+from .records import ParityJob, RankResult, RunFacts, StepRecord
+from .registry import STRATEGIES, exactness
+from .runners import make_runner
 from .shadow import Shadow, Twin, attach_floors
-from .staged import make_runner
-from .strategies import STRATEGIES, call_model, exactness, tree_to
 from .tolerance import twin_loss_agrees
 
 
@@ -83,69 +85,21 @@ def model_facts(model, loss_fn, job: ParityJob, world_size: int, device) -> RunF
     from torch.nn.modules.batchnorm import _BatchNorm
     from torch.nn.modules.dropout import _DropoutNd
 
-    batch_stats = [
-        n for n, m in model.named_modules()
-        if isinstance(m, _BatchNorm) and (m.training or not m.track_running_stats)
-    ]
     facts = RunFacts(
         strategy=job.strategy + (f"/{job.options['schedule']}" if job.options.get("schedule") else ""),
         world_size=world_size,
         dtype=_effective_dtype(model, device),
         device=str(device),
-        training=model.training,
         dropout=[n for n, m in model.named_modules() if isinstance(m, _DropoutNd) and m.p > 0 and m.training],
         loss_reduction=_loss_reduction(loss_fn),
     )
-    sync = [n for n in batch_stats if isinstance(model.get_submodule(n), torch.nn.SyncBatchNorm)]
-    if job.options.get("sync_bn"):
-        facts.syncbn = batch_stats
-    else:
-        facts.syncbn = sync
-        facts.batchnorm = [n for n in batch_stats if n not in sync]
+    if not job.options.get("sync_bn"):  # sync_bn=True converts every BatchNorm to SyncBatchNorm
+        facts.batchnorm = [
+            n for n, m in model.named_modules()
+            if isinstance(m, _BatchNorm) and (m.training or not m.track_running_stats)
+            and not isinstance(m, torch.nn.SyncBatchNorm)
+        ]
     return facts
-
-
-def tensor_error(kind: str, name: str, got, ref) -> TensorError:
-    """Max abs error of ``got`` against ``ref``; a missing tensor counts as zeros (flagged)."""
-    import torch
-
-    missing = ""
-    if got is None or ref is None:
-        missing = "strategy" if got is None else "reference"
-        present = ref if got is None else got
-        got = torch.zeros_like(present) if got is None else got
-        ref = torch.zeros_like(present) if ref is None else ref
-    got = got.detach().to(device=ref.device, dtype=ref.dtype)
-    ref = ref.detach()
-    shape = tuple(ref.shape)
-    if got.shape != ref.shape:
-        return TensorError(kind, name, shape, math.inf, 0.0, math.nan, f"shape {tuple(got.shape)}")
-    if ref.numel() == 0:
-        return TensorError(kind, name, shape, 0.0, 0.0, 1.0, missing)
-    if not ref.is_floating_point():
-        return TensorError(kind, name, shape, float((got != ref).sum().item()), 0.0, 1.0, missing)
-    same = (got == ref) | (torch.isnan(got) & torch.isnan(ref))
-    diff = torch.where(same, torch.zeros_like(ref), (got - ref).abs()).nan_to_num(nan=math.inf)
-    max_abs = float(diff.max().item())
-    scale = float(ref.abs().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).max().item())
-    rd = ref.double()
-    rn, gn = rd.norm().item(), got.double().norm().item()
-    ratio = gn / rn if rn > 0 else (1.0 if gn == 0 else math.inf)
-    norm_err = diff.double().norm().item()
-    return TensorError(kind, name, shape, max_abs, scale, ratio, missing, norm_err=norm_err,
-                       norm_ref=rn if math.isfinite(rn) else 0.0, numel=ref.numel())
-
-
-def compare(kind: str, got: Dict, ref: Dict, skip_int: bool = True) -> List[TensorError]:
-    out = []
-    for name in list(ref) + [n for n in got if n not in ref]:
-        r, g = ref.get(name), got.get(name)
-        if r is None and g is None:
-            continue
-        if skip_int and any(t is not None and not t.is_floating_point() for t in (r, g)):
-            continue  # num_batches_tracked and other counters
-        out.append(tensor_error(kind, name, g, r))
-    return out
 
 
 def run_parity(job: ParityJob) -> Optional[RankResult]:
@@ -179,8 +133,6 @@ class _Reference:
         reference can differ from it by roundoff, so only then is there a line to measure (a twin
         in its order, and a float64 shadow); one that adds in the reference's order is judged by
         the derived rule (and can be held to bitwise equality with deterministic=True)."""
-        from .strategies import batch_len
-
         order = runner.sum_order(batch_len(example[0]))
         if not job.shadow:
             self.facts.shadow_note = self.facts.twin_note = "not asked for (rtol/atol given)"
@@ -207,7 +159,7 @@ class _Reference:
             self.loss.backward()
         for companion in self._companions():
             with self._torch.random.fork_rng(devices=self.rng_devices):
-                companion.forward_backward(call_model, self.loss_fn, inputs, targets, self.device)
+                companion.forward_backward(self.loss_fn, inputs, targets, self.device)
         self.facts.batch_sizes.append(int(self.out.shape[0]) if self.out.dim() else 0)
         if step == 0:
             self.facts.unused = [n for n, p in self.model.named_parameters() if p.requires_grad and p.grad is None]

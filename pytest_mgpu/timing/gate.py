@@ -14,29 +14,40 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import asdict, dataclass
-from typing import Optional, Sequence
+from enum import Enum
+from typing import Final, Optional, Sequence
 
 from .measure import fmt_time
+from .rule import DEFAULT_THRESHOLD, percent
 from .stats import MannWhitney, mann_whitney, min_p
 
-__all__ = ["MannWhitney", "Verdict", "judge", "mann_whitney", "min_p"]
+__all__ = ["GateStatus", "MannWhitney", "Verdict", "judge", "mann_whitney", "min_p"]
 
 ALPHA = 0.01  # significance level of the one-sided test
-DEFAULT_THRESHOLD = 0.10  # effect size: the median must be this much slower (10%)
 
-# verdict statuses
-NEW = "new"  # no baseline for this fingerprint: recorded, never a failure
-SAME = "same"  # no significant and large change
-SLOWER = "slower"  # significant and over the threshold: a regression
-FASTER = "faster"  # significant and over the threshold the other way: re-record the baseline
-UNDECIDABLE = "too few samples"  # so few samples that no outcome could be significant at ALPHA
+
+class GateStatus(str, Enum):
+    """This rule's verdict (``Verdict.format`` words it)."""
+
+    NEW = "new"  # no baseline for this fingerprint: recorded, never a failure
+    SAME = "same"  # no significant and large change
+    SLOWER = "slower"  # significant and over the threshold: a regression
+    FASTER = "faster"  # significant and over the threshold the other way: re-record the baseline
+    UNDECIDABLE = "undecidable"  # so few samples that no outcome could be significant at ALPHA
+
+
+NEW: Final = GateStatus.NEW
+SAME: Final = GateStatus.SAME
+SLOWER: Final = GateStatus.SLOWER
+FASTER: Final = GateStatus.FASTER
+UNDECIDABLE: Final = GateStatus.UNDECIDABLE
 
 
 @dataclass(frozen=True)
 class Verdict:
     """The gate's judgement of one measurement against its baseline."""
 
-    status: str
+    status: GateStatus
     new_median: float
     baseline_median: Optional[float] = None
     ratio: Optional[float] = None  # new / baseline medians
@@ -59,15 +70,6 @@ class Verdict:
     def delta(self) -> Optional[float]:
         return None if self.ratio is None else self.ratio - 1.0
 
-    def short(self) -> str:
-        """The report's "vs baseline" cell, e.g. ``+23.1% (p=0.001)``."""
-        if self.ratio is None:
-            return "no baseline"
-        text = f"{self.delta * 100:+.1f}%"
-        if self.p_value is not None:
-            text += f" (p={self.p_value:.2g})"
-        return text
-
     def format(self) -> str:
         """One paragraph that says what was compared and what to do."""
         if self.status == NEW:
@@ -82,7 +84,7 @@ class Verdict:
         text = (
             f"{head}: median {fmt_time(self.new_median)} vs baseline {fmt_time(self.baseline_median)} "
             f"(x{self.ratio:.3f}, {self.delta * 100:+.1f}%; threshold {self.threshold * 100:+.0f}%), "
-            f"Mann-Whitney p={self.p_value:.2g} (confidence {_percent(self.confidence)}, "
+            f"Mann-Whitney p={self.p_value:.2g} (confidence {percent(self.confidence)}, "
             f"alpha {self.alpha:g}), n={self.n_new} vs {self.n_baseline}"
         )
         if self.baseline_source:
@@ -98,18 +100,12 @@ class Verdict:
         return text
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return dict(asdict(self), status=self.status.value)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Verdict":
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
-
-
-def _percent(confidence: float) -> str:
-    """99.2%, 99.97%, >99.99%: enough digits to tell confidences apart near 100%."""
-    if confidence >= 0.9999:
-        return ">99.99%"
-    return f"{confidence * 100:.2f}%" if confidence >= 0.99 else f"{confidence * 100:.1f}%"
+        kw = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        return cls(**dict(kw, status=GateStatus(kw["status"])))
 
 
 def judge(

@@ -13,12 +13,12 @@ import functools
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 from ..launch.protocol import FnRef
 from .reference import make_reference
 
-MIN_REPEAT = 5  # fewer samples cannot reach p < 0.01 in the gate's U test (see gate.min_p)
+MIN_REPEAT = 5  # fewer cannot reach p < 0.01 in the U test that compare uses between two launches (gate.min_p)
 MAX_REPEAT = 500
 MIN_WARMUP = 2  # the first iteration is cold (allocator, cudnn autotune, lazy init)
 MAX_WARMUP = 20
@@ -33,10 +33,8 @@ class RankTiming:
     rank: int
     samples: List[float]
     warmup_samples: List[float]
-    devices: List[str]
     peak_mem_bytes: Optional[int]
     mem_source: str
-    threads: int
     reference_samples: List[float]  # the reference's time before each step's, same barriers
 
 
@@ -172,18 +170,33 @@ def rank_loop(fn_ref: FnRef, args: tuple, kwargs: dict, loop: LoopConfig) -> Ran
     made = fn(*args, **kwargs)
     step = made if callable(made) else functools.partial(fn, *args, **kwargs)
     clock = Clock(ctx)
-
     warm = _warm_up(clock, step, loop)
-
-    samples: List[float] = []
     repeat = loop.repeat
     if repeat is None and warm:
         estimate = warm[-1] if loop.warmup is None else clock.agree_max(warm[-1])
         repeat = _calibrated_repeat(estimate, loop.min_run_time)
-
     if ctx.device_type == "cuda":
         for i in clock.cuda:
             torch.cuda.reset_peak_memory_stats(i)
+    samples, refs = _timed(clock, step, loop, repeat)
+    if ctx.device_type == "cuda":
+        peak = sum(torch.cuda.max_memory_allocated(i) for i in clock.cuda)
+        source = "cuda max_memory_allocated"
+    elif heap_before is not None:
+        # one more, untimed iteration under the sampler: a sampling thread would disturb the timing
+        clock.align()
+        peak = max(0, heap.during(step) - heap_before)
+        source = "peak C heap in use above the rank's start (one extra iteration)"
+    else:
+        peak, source = None, "not measured (no mallinfo2 on this platform)"
+    return RankTiming(ctx.rank, samples, warm, peak, source, refs)
+
+
+def _timed(clock: "Clock", step: Callable[[], Any], loop: LoopConfig,
+           repeat: Optional[int]) -> Tuple[List[float], List[float]]:
+    """The step's samples and the in-run reference's, A B A B: ``repeat`` of each (None: as many as
+    ``min_run_time`` calls for, estimated from the first timed step)."""
+    samples: List[float] = []
     if repeat is None:  # no warmup to estimate from: the first timed iteration decides
         samples.append(clock.time(step))  # (its reference is timed just after it, below)
         repeat = _calibrated_repeat(clock.agree_max(samples[0]), loop.min_run_time)
@@ -198,21 +211,7 @@ def rank_loop(fn_ref: FnRef, args: tuple, kwargs: dict, loop: LoopConfig) -> Ran
         if reference is not None:
             refs.append(clock.time(reference))
         samples.append(clock.time(step))
-
-    if ctx.device_type == "cuda":
-        peak = sum(torch.cuda.max_memory_allocated(i) for i in clock.cuda)
-        source = "cuda max_memory_allocated"
-    elif heap_before is not None:
-        # one more, untimed iteration under the sampler: a sampling thread would disturb the timing
-        clock.align()
-        peak = max(0, heap.during(step) - heap_before)
-        source = "peak C heap in use above the rank's start (one extra iteration)"
-    else:
-        peak, source = None, "not measured (no mallinfo2 on this platform)"
-    devices = [f"cuda:{i}" for i in clock.cuda] or ["cpu"]
-    return RankTiming(ctx.rank, samples, warm, devices, peak, source, torch.get_num_threads(), refs)
-
-
+    return samples, refs
 
 
 def _warm_up(clock: "Clock", step: Callable[[], Any], loop: LoopConfig) -> List[float]:

@@ -269,29 +269,19 @@ def benchmark(
     timeout: seconds for the whole call, as in ``dist.run``.
     """
     __tracebackhide__ = True
-    warmup = _positive_int("warmup", warmup, allow_zero=True)
-    repeat = _positive_int("repeat", repeat, allow_zero=False)
+    loop = _loop_config(warmup, repeat, min_run_time)
     batch_size = _positive_int("batch_size", batch_size, allow_zero=False)
-    if min_run_time is not None and not min_run_time > 0:
-        raise ValueError(f"dist.benchmark: min_run_time must be a positive number of seconds, got {min_run_time!r}")
     ref, _ = pack_call(fn, args, kwargs)  # clear errors for unsendable functions and arguments
-    loop = LoopConfig(warmup, repeat, float(min_run_time or DEFAULT_MIN_RUN_TIME))
     run = functools.partial(_launch, dist, ref, args, kwargs, loop, single_process, timeout)
     timings = run()
-    label = getattr(dist, "label", "dist.benchmark")
+    recorded: Optional[List[Measurement]] = getattr(dist, "measurements", None)
     strategy = strategy or name or fn.__name__
-    name = name or strategy
-    recorded: list = getattr(dist, "measurements", None)
-    if recorded is not None:
-        taken = {m.task.name for m in recorded}
-        base, k = name, 2
-        while name in taken:
-            name, k = f"{base}#{k}", k + 1
+    label = getattr(dist, "label", "dist.benchmark")
     task = TaskSpec(
-        name=name, label=label, fn=f"{ref.module}:{ref.qualname}", strategy=strategy,
-        group=group or label.split("[", 1)[0].rsplit("::", 1)[-1], world_size=dist.world_size,
+        name=_unique_name(name or strategy, recorded), label=label, fn=f"{ref.module}:{ref.qualname}",
+        strategy=strategy, group=group or label.split("[", 1)[0].rsplit("::", 1)[-1], world_size=dist.world_size,
         processes=len(timings), backend=dist.backend, device_type=dist.device_type, emulated=dist.emulated,
-        batch_size=batch_size, params=dict(params or {}), warmup=warmup, repeat=repeat,
+        batch_size=batch_size, params=dict(params or {}), warmup=loop.warmup, repeat=loop.repeat,
         min_run_time=loop.min_run_time,
     )
     m = _assemble(task, timings)
@@ -301,6 +291,26 @@ def benchmark(
     if recorded is not None:
         recorded.append(m)
     return m
+
+
+def _loop_config(warmup, repeat, min_run_time) -> LoopConfig:
+    """The rank loop's counts, checked here, before any rank starts."""
+    warmup = _positive_int("warmup", warmup, allow_zero=True)
+    repeat = _positive_int("repeat", repeat, allow_zero=False)
+    if min_run_time is not None and not min_run_time > 0:
+        raise ValueError(f"dist.benchmark: min_run_time must be a positive number of seconds, got {min_run_time!r}")
+    return LoopConfig(warmup, repeat, float(min_run_time or DEFAULT_MIN_RUN_TIME))
+
+
+def _unique_name(name: str, recorded: Optional[List[Measurement]]) -> str:
+    """``name``, or ``name#2``, ``name#3``... when the test already measured one by that name."""
+    if recorded is None:
+        return name
+    taken = {m.task.name for m in recorded}
+    base, k = name, 2
+    while name in taken:
+        name, k = f"{base}#{k}", k + 1
+    return name
 
 
 def _launch(dist, ref, args, kwargs, loop: LoopConfig, single_process: bool, timeout) -> List[RankTiming]:

@@ -5,7 +5,7 @@ workers, the controller and report files (``TimingState.judge``)."""
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Final, Mapping, Optional
 
 from .measure import fmt_time
 from .rule import MIN_HISTORY, HistoryVerdict, Status, percent
@@ -24,11 +24,16 @@ def delta_cell(d: dict) -> str:
     return f"{(v.ratio - 1) * 100:+.1f}% (n={v.n_history})"
 
 
+# The words of a status where its identifier is not what a reader should see.
+LABELS: Final[Mapping[Status, str]] = {Status.UNCONFIRMED: "same (re-measured)",
+                                       Status.UNREADABLE: "baseline unreadable"}
+
+
 def status_cell(d: dict, outcome: str = "") -> str:
     v = verdict_of(d)
     if v is None:
         return "-"
-    text = v.status.value
+    text = LABELS.get(v.status, v.status.value)
     if v.status == Status.SLOWER:
         text = "SLOWER (failed)" if d.get("gate_mode") == "fail" else "slower (warned)"
     elif v.status == Status.LEARNING:

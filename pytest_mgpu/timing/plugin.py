@@ -17,8 +17,9 @@ from typing import List, Optional
 import pytest
 
 from .. import __version__
+from ..settings import TIMING_OPTIONS, SettingsError, add_options, resolve_timing
 from .baselines import check_writable
-from .state import GATE_MODES, TimingOptionError, TimingOptions, TimingState
+from .state import TimingState
 
 
 class TimingNoiseWarning(UserWarning):
@@ -30,26 +31,7 @@ class TimingRegressionWarning(UserWarning):
 
 
 def addoption(parser) -> None:
-    group = parser.getgroup("mgpu")
-    group.addoption("--mgpu-baselines", dest="mgpu_baselines", metavar="DIR", default=None,
-                    help="directory of timing baselines, one JSON file per hardware fingerprint "
-                    "(default: <rootdir>/baselines; ini mgpu_baselines)")
-    group.addoption("--mgpu-save-baselines", dest="mgpu_save_baselines", action="store_true", default=False,
-                    help="append this run's timings (of tests that passed) to the baseline histories")
-    group.addoption("--mgpu-regression", dest="mgpu_regression", metavar="PCT", default=None,
-                    help="effect size a slowdown must exceed to count as a regression (default 10; "
-                    "ini mgpu_regression)")
-    group.addoption("--mgpu-gate", dest="mgpu_gate", choices=GATE_MODES, default=None,
-                    help="what a regression does: fail the test, warn, or auto (default: fail once the "
-                    "measurement has a long enough history, GPUs and CPU ranks alike; warn under -n)")
-    group.addoption("--mgpu-report", dest="mgpu_report", metavar="PATH", action="append", default=None,
-                    help="write the timing report to PATH: .md, .json or .csv; no extension: Markdown "
-                    "appended (--mgpu-report=$GITHUB_STEP_SUMMARY); repeatable")
-    group.addoption("--mgpu-plot", dest="mgpu_plot", metavar="DIR", default=None,
-                    help="draw PNG charts of the timings into DIR (needs matplotlib)")
-    parser.addini("mgpu_baselines", "timing baselines directory: see --mgpu-baselines", default=None)
-    parser.addini("mgpu_regression", "regression threshold in percent: see --mgpu-regression", default=None)
-    parser.addini("mgpu_gate", "auto, fail or warn: see --mgpu-gate", default=None)
+    add_options(parser, parser.getgroup("mgpu"), TIMING_OPTIONS)
 
 
 def _under_xdist(config) -> bool:
@@ -78,16 +60,15 @@ class TimingPlugin:
         self.rows: list = []
         self.notes: List[str] = []
         self.lines: List[str] = []
-        self.warned_shared = False
 
     @classmethod
     def configure(cls, config, session) -> "TimingPlugin":
         from .fingerprint import fingerprint
 
         try:
-            options = TimingOptions.resolve(config.getoption, config.getini, config.rootpath,
-                                            config.invocation_params.dir)
-        except TimingOptionError as exc:
+            options = resolve_timing(config.getoption, config.getini, config.rootpath,
+                                     config.invocation_params.dir)
+        except SettingsError as exc:
             raise pytest.UsageError(str(exc)) from None
         shared = _under_xdist(config)
         if options.save and shared and not hasattr(config, "workerinput"):

@@ -45,7 +45,7 @@ class Row:
     skew: float
     ranks: int
     peak_mem_bytes: Optional[int]  # largest over ranks
-    outcome: str
+    outcome: str  # the test's: passed, failed, skipped
     verdict: Optional[dict]
     gate_mode: str
     fingerprint: str
@@ -61,20 +61,6 @@ class Row:
         extra = " ".join(f"{k}={v}" for k, v in sorted(self.params.items()))
         return f"{self.strategy} {extra}".strip()
 
-    @property
-    def verdict_cell(self) -> str:
-        return messages.status_cell(self.measurement, self.outcome)
-
-    @property
-    def delta_cell(self) -> str:
-        return messages.delta_cell(self.measurement)
-
-    @property
-    def efficiency_cell(self) -> str:
-        """Over 100% is flagged: more than linear scaling usually means the one-device row was slowed."""
-        if self.efficiency is None:
-            return "-"
-        return f"{self.efficiency * 100:.0f}%" + ("(!)" if self.efficiency > 1.0 + 1e-9 else "")
 
 
 def _row(test: str, outcome: str, d: dict) -> Row:
@@ -128,13 +114,24 @@ HEADERS = ["group", "strategy", "W", "emulated", "median", "IQR", "samples/s", "
 TERMINAL = ["group", "strategy", "W", "median", "IQR", "speed-up", "eff.", "vs history", "verdict"]
 
 
+def _efficiency(r: Row) -> str:
+    """Over 100% is flagged: more than linear scaling usually means the one-device row was slowed."""
+    if r.efficiency is None:
+        return "-"
+    return f"{r.efficiency * 100:.0f}%" + ("(!)" if r.efficiency > 1.0 + 1e-9 else "")
+
+
+def _speedup(r: Row) -> str:
+    return f"{r.speedup:.2f}x" if r.speedup is not None else "-"
+
+
 def _cells(r: Row) -> List[str]:
     slow = f"{r.slowest_rank} (+{r.skew * 100:.0f}%)" if r.ranks > 1 else "-"
     return [
         r.group, r.label, str(r.world_size), "yes" if r.emulated else "no", fmt_time(r.median_s),
-        fmt_time(r.iqr_s), f"{r.throughput:.1f}" if r.throughput else "-",
-        f"{r.speedup:.2f}x" if r.speedup is not None else "-", r.efficiency_cell, slow,
-        fmt_bytes(r.peak_mem_bytes), r.delta_cell, r.verdict_cell,
+        fmt_time(r.iqr_s), f"{r.throughput:.1f}" if r.throughput else "-", _speedup(r), _efficiency(r), slow,
+        fmt_bytes(r.peak_mem_bytes), messages.delta_cell(r.measurement),
+        messages.status_cell(r.measurement, r.outcome),
     ]
 
 
@@ -144,8 +141,8 @@ def _clip(text: str, width: int) -> str:
 
 def _terminal_cells(r: Row) -> List[str]:
     return [_clip(r.group, 26), _clip(r.label, 22), str(r.world_size), fmt_time(r.median_s), fmt_time(r.iqr_s),
-            f"{r.speedup:.2f}x" if r.speedup is not None else "-", r.efficiency_cell, r.delta_cell,
-            _clip(r.verdict_cell, 24)]
+            _speedup(r), _efficiency(r), messages.delta_cell(r.measurement),
+            _clip(messages.status_cell(r.measurement, r.outcome), 24)]
 
 
 def table(rows: Sequence[Row], tablefmt: str = "simple") -> str:
@@ -191,10 +188,9 @@ def to_csv(rows: Sequence[Row]) -> str:
     w.writeheader()
     for r in rows:
         d = asdict(r)
-        v = r.verdict or {}
-        ratio = math.exp(v["x"] - v["center"]) if v.get("x") is not None and v.get("center") is not None else None
+        v = messages.verdict_of(r.measurement)
         d.update(params=json.dumps(r.params, sort_keys=True), baseline_median_s=r.measurement.get("history_median_s"),
-                 ratio=ratio, p_value=v.get("p_value"), verdict=v.get("status"))
+                 ratio=v and v.ratio, p_value=v and v.p_value, verdict=v and v.status.value)
         w.writerow({k: d.get(k) for k in CSV_FIELDS})
     return buf.getvalue()
 

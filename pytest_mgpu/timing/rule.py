@@ -28,7 +28,6 @@ the rate per suite run at most SUITE_ALPHA.
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import asdict, dataclass, replace
 from enum import Enum
 from typing import Optional, Sequence
@@ -44,14 +43,17 @@ DEFAULT_THRESHOLD = 0.10
 
 
 class Status(str, Enum):
+    """The gate's verdict on one launch. The values are identifiers (kept in reports, junit XML and
+    the JSON that travels from xdist workers); the words shown are ``messages.status_cell``'s."""
+
     NEW = "new"  # no launch recorded: recorded, never a failure
     LEARNING = "learning"  # fewer than MIN_HISTORY launches: compared, warned, never a failure
     SAME = "same"
     SLOWER = "slower"  # flagged (and, after confirm(), confirmed by the re-measurement)
     FASTER = "faster"
-    UNCONFIRMED = "same (re-measured)"  # flagged, but the re-measurement was not: not a regression
+    UNCONFIRMED = "unconfirmed"  # flagged, but the re-measurement was not: not a regression
     UNSTABLE = "unstable"  # the measurement itself is not sane: not judged, not saved
-    UNREADABLE = "baseline unreadable"  # the baseline file is damaged: measured as if none existed
+    UNREADABLE = "unreadable"  # the baseline file is damaged: measured as if none existed
 
 
 @dataclass(frozen=True)
@@ -136,8 +138,3 @@ def percent(confidence: Optional[float]) -> str:
     if confidence >= 0.9999:
         return ">99.99%"
     return f"{confidence * 100:.2f}%" if confidence >= 0.99 else f"{confidence * 100:.1f}%"
-
-
-def median_or_none(values: Sequence[float]) -> Optional[float]:
-    vals = [v for v in values if v is not None]
-    return statistics.median(vals) if vals else None

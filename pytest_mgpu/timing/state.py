@@ -1,89 +1,21 @@
-"""The timing side of one pytest process: options, the gate's verdicts, records per test id, and what
-is written at the end. Kept apart from the core's session; ``timing.plugin`` holds it."""
+"""The timing side of one pytest process: the gate's verdicts, records per test id, and what is
+written at the end (its options are ``settings.TimingSettings``). Kept apart from the core's
+session; ``timing.plugin`` holds it."""
 from __future__ import annotations
 
 import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Literal, Optional, Tuple
 
+from ..settings import TimingSettings
 from . import rule
 from .baselines import BaselineStore, Launch, NewLaunch, utc_now
 from .fingerprint import Fingerprint
 from .measure import Measurement
 from .stats import mann_whitney
 
-GATE_MODES = ("auto", "fail", "warn")
 PROPERTY = "mgpu_timing"  # user property (JSON text): the test's measurements with verdicts
-
-
-class TimingOptionError(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class TimingOptions:
-    baselines_dir: Path
-    save: bool = False
-    threshold: float = rule.DEFAULT_THRESHOLD  # fraction: 0.10 = 10% slower
-    gate: str = "auto"  # auto: fail once a measurement's history is long enough (GPUs and CPU ranks)
-    report_paths: Tuple[Path, ...] = ()
-    plot_dir: Optional[Path] = None
-
-    @classmethod
-    def resolve(cls, option: Callable[[str], object], ini: Callable[[str], object], rootpath: Path,
-                invocation_dir: Optional[Path] = None):
-        """Command line beats ini. Paths given on the command line are relative to where pytest was
-        started; the baselines directory from the ini file, or by default, to the rootdir."""
-        here = Path(invocation_dir) if invocation_dir is not None else Path.cwd()
-
-        def pick(name: str):
-            v = option(name)
-            return v if v not in (None, "") else (ini(name) or None)
-
-        raw = pick("mgpu_regression")
-        threshold = rule.DEFAULT_THRESHOLD
-        if raw is not None:
-            text = str(raw).strip().rstrip("%")
-            try:
-                threshold = float(text) / 100.0
-            except ValueError:
-                raise TimingOptionError(f"--mgpu-regression takes a percentage such as 10 or 10%, got {raw!r}") from None
-            if not threshold > 0:
-                raise TimingOptionError(f"--mgpu-regression must be a positive percentage, got {raw!r}")
-        mode = str(pick("mgpu_gate") or "auto").strip().lower()
-        if mode not in GATE_MODES:
-            raise TimingOptionError(f"--mgpu-gate must be one of {', '.join(GATE_MODES)}, got {mode!r}")
-        if option("mgpu_baselines"):
-            bdir = here / str(option("mgpu_baselines"))
-        elif ini("mgpu_baselines"):
-            bdir = rootpath / str(ini("mgpu_baselines"))
-        else:
-            bdir = rootpath / "baselines"
-        raw_reports = option("mgpu_report") or []
-        reports = tuple(here / str(r) for r in ([raw_reports] if isinstance(raw_reports, str) else raw_reports))
-        for report in reports:
-            if report.suffix.lower() not in ("", ".md", ".json", ".csv"):
-                raise TimingOptionError(f"--mgpu-report writes .md, .json or .csv (by extension; no extension: "
-                                        f"Markdown appended, as for $GITHUB_STEP_SUMMARY), got {report}")
-        plots = option("mgpu_plot")
-        return cls(
-            baselines_dir=bdir,
-            save=bool(option("mgpu_save_baselines")),
-            threshold=threshold,
-            gate=mode,
-            report_paths=reports,
-            plot_dir=here / str(plots) if plots else None,
-        )
-
-    def mode_for(self, shared_cores: bool) -> str:
-        """What a regression does: 'fail' or 'warn'. ``auto`` fails on GPUs and on emulated CPU ranks
-        alike (the history rule holds its false-alarm rate on the shared machine, README), except
-        under xdist, where tests time each other's load: there it only warns."""
-        if self.gate == "auto":
-            return "warn" if shared_cores else "fail"
-        return self.gate
 
 
 @dataclass
@@ -91,14 +23,13 @@ class TestTiming:
     """The measurements of one test as the controller received them."""
 
     nodeid: str
-    outcome: str
+    outcome: Literal["passed", "failed", "skipped"]  # the test's call phase
     measurements: List[dict]
-
 
 
 @dataclass
 class TimingState:
-    options: TimingOptions
+    options: TimingSettings
     fingerprint_of: Callable[[str], Fingerprint]  # device type -> this machine's fingerprint
     shared_cores: bool = False  # under xdist: tests run at once and time each other's load
     records: Dict[str, TestTiming] = field(default_factory=dict)

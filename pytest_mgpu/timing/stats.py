@@ -16,11 +16,8 @@ class MannWhitney:
     """One-sided Mann-Whitney U test of "x tends to be larger than y"."""
 
     u: float  # U statistic of x
-    z: float
     p_greater: float  # p-value of H1: x stochastically larger than y
     p_less: float  # p-value of H1: x stochastically smaller than y
-    n_x: int
-    n_y: int
 
 
 def ranks(values: Sequence[float]):
@@ -59,12 +56,12 @@ def mann_whitney(x: Sequence[float], y: Sequence[float]) -> MannWhitney:
     tie_term = sum(t**3 - t for t in ties) / (n * (n - 1)) if n > 1 else 0.0
     var = n1 * n2 / 12.0 * ((n + 1) - tie_term)
     if var <= 0:  # every value tied: no evidence either way
-        return MannWhitney(u1, 0.0, 1.0, 1.0, n1, n2)
+        return MannWhitney(u1, 1.0, 1.0)
     sd = math.sqrt(var)
     u2 = n1 * n2 - u1
     p_greater = min(1.0, normal_sf((u1 - mu - 0.5) / sd))
     p_less = min(1.0, normal_sf((u2 - mu - 0.5) / sd))
-    return MannWhitney(u1, (u1 - mu) / sd, p_greater, p_less, n1, n2)
+    return MannWhitney(u1, p_greater, p_less)
 
 
 def min_p(n_x: int, n_y: int) -> float:

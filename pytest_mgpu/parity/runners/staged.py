@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
-from .strategies import (DDPRunner, DPRunner, FSDPRunner, Runner, SumOrder, batch_len, call_model, split_micro,
-                         tree_index, tree_to)
+from ..batches import SumOrder, batch_len, call_model, split_micro, tree_index, tree_to
+from .base import Runner
 
 
 def auto_split_points(model, n_stages: int) -> List[str]:
@@ -79,6 +79,7 @@ class StagedRunner(Runner):
     def __init__(self, model, opts, ctx, loss_fn, optimizer_fn, example, world):
         super().__init__(model, opts, ctx, loss_fn, optimizer_fn, example, world)
         import torch
+
         if ctx.device_type == "cuda" and ctx.devices:
             devices = [torch.device("cuda", i) for i in ctx.devices]
         else:
@@ -97,6 +98,7 @@ class StagedRunner(Runner):
 
     def forward_backward(self, inputs, targets):
         import torch
+
         self.optimizer.zero_grad(set_to_none=True)
         b = batch_len(inputs)
         size = self.split_size or b
@@ -117,9 +119,9 @@ class DistributedPipelineRunner(Runner):
 
     def __init__(self, model, opts, ctx, loss_fn, optimizer_fn, example, world):
         super().__init__(model, opts, ctx, loss_fn, optimizer_fn, example, world)
+        import torch
         import torch.distributed.pipelining as pp
 
-        import torch
         dev = ctx.device()
         inputs, _ = example
         b = batch_len(inputs)
@@ -169,9 +171,9 @@ class DistributedPipelineRunner(Runner):
             self.optimizer.step()
 
     def forward_backward(self, inputs, targets):
+        import torch
         import torch.distributed as dist
 
-        import torch
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
         first, last = self.rank == 0, self.rank == self.world_size - 1
@@ -207,16 +209,3 @@ class DistributedPipelineRunner(Runner):
 
     def buffers(self):
         return self._gather(lambda m: dict(m.named_buffers()))
-
-
-def make_runner(name: str, opts, model, ctx, loss_fn, optimizer_fn, example, world: int) -> Runner:
-    """The runner of strategy ``name`` (the registry's names), inside a rank."""
-    if name == "ddp":
-        cls = DDPRunner
-    elif name == "fsdp":
-        cls = FSDPRunner
-    elif name == "dp":
-        cls = DPRunner
-    else:
-        cls = DistributedPipelineRunner if opts.get("schedule") else StagedRunner
-    return cls(model, opts, ctx, loss_fn, optimizer_fn, example, world)

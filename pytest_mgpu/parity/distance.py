@@ -1,0 +1,61 @@
+"""How far one tensor is from another, in the ranks: the per-tensor error summaries that cross
+back to the test process (``records.TensorError``), and the plain distance ``gap`` that the
+reference's companions measure the model's roundoff with."""
+from __future__ import annotations
+
+import math
+from typing import Dict, List
+
+from .records import Kind, TensorError
+
+
+def gap(a, b) -> float:
+    """||a - b||_2 in float64, on ``a``'s device (NaN where either side is missing, they differ in
+    shape, or ``a`` is not floating). One pass instead of ``tensor_error``'s dozen: this runs on
+    every tensor of the model, every step, for each companion."""
+    if a is None or b is None or a.shape != b.shape or not a.is_floating_point():
+        return math.nan
+    return float((a.detach().double() - b.detach().double().to(a.device)).norm().item())
+
+
+def tensor_error(kind: Kind, name: str, got, ref) -> TensorError:
+    """Max abs error of ``got`` against ``ref``; a missing tensor counts as zeros (flagged)."""
+    import torch
+
+    missing = ""
+    if got is None or ref is None:
+        missing = "strategy" if got is None else "reference"
+        present = ref if got is None else got
+        got = torch.zeros_like(present) if got is None else got
+        ref = torch.zeros_like(present) if ref is None else ref
+    got = got.detach().to(device=ref.device, dtype=ref.dtype)
+    ref = ref.detach()
+    shape = tuple(ref.shape)
+    if got.shape != ref.shape:
+        return TensorError(kind, name, shape, math.inf, 0.0, math.nan, f"shape {tuple(got.shape)}")
+    if ref.numel() == 0:
+        return TensorError(kind, name, shape, 0.0, 0.0, 1.0, missing)
+    if not ref.is_floating_point():
+        return TensorError(kind, name, shape, float((got != ref).sum().item()), 0.0, 1.0, missing)
+    same = (got == ref) | (torch.isnan(got) & torch.isnan(ref))
+    diff = torch.where(same, torch.zeros_like(ref), (got - ref).abs()).nan_to_num(nan=math.inf)
+    max_abs = float(diff.max().item())
+    scale = float(ref.abs().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).max().item())
+    rd = ref.double()
+    rn, gn = rd.norm().item(), got.double().norm().item()
+    ratio = gn / rn if rn > 0 else (1.0 if gn == 0 else math.inf)
+    norm_err = diff.double().norm().item()
+    return TensorError(kind, name, shape, max_abs, scale, ratio, missing, norm_err=norm_err,
+                       norm_ref=rn if math.isfinite(rn) else 0.0, numel=ref.numel())
+
+
+def compare(kind: Kind, got: Dict, ref: Dict, skip_int: bool = True) -> List[TensorError]:
+    out = []
+    for name in list(ref) + [n for n in got if n not in ref]:
+        r, g = ref.get(name), got.get(name)
+        if r is None and g is None:
+            continue
+        if skip_int and any(t is not None and not t.is_floating_point() for t in (r, g)):
+            continue  # num_batches_tracked and other counters
+        out.append(tensor_error(kind, name, g, r))
+    return out
