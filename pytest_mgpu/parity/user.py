@@ -21,7 +21,7 @@ from .hints import UserFacts
 from .batches import call_model, to_float64, tree_to
 from .distance import compare, gap
 from .records import Portable, RankResult, RunFacts, StepRecord
-from .worker import build_model, model_facts
+from .worker import build_model, copy_by_name, model_facts
 
 
 class ParamNameError(ValueError):
@@ -192,24 +192,12 @@ def run_user_parity(job: UserParityJob) -> RankResult:
     records = []
     for step in range(job.steps):
         records.append(_step(step, batch_fn(step), sides, loss_fn, device, user_by_ref, facts, counter))
-        _resync([ref, shadow], user_by_ref)
+        # the next step starts the reference and its shadow from the user's own state (worker's
+        # _Reference.resync says why, measured); optimizer state stays each one's own
+        copy_by_name([ref, shadow], user_by_ref)
     counter.remove()
     facts.microbatches = counter.most
     return RankResult(records, facts)
-
-
-def _resync(models, user_by_ref: Dict[str, object]) -> None:
-    """The next step starts the reference and its shadow from the user's own weights and buffers
-    (optimizer state stays each one's own): every step is judged from a shared state, so roundoff
-    cannot snowball through kinks between steps (``worker._Reference.resync`` says why, measured)."""
-    import torch
-
-    with torch.no_grad():
-        for model in models:
-            for name, t in list(model.named_parameters()) + list(model.named_buffers()):
-                s = user_by_ref.get(name)
-                if s is not None and s.shape == t.shape:
-                    t.copy_(s.detach().to(device=t.device, dtype=t.dtype))
 
 
 def _step(step, batch, sides, loss_fn, device, user_by_ref, facts: UserFacts, counter) -> StepRecord:

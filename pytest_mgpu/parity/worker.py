@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from .batches import batch_len, call_model, tree_to
 from .distance import compare, tensor_error
@@ -48,6 +48,19 @@ def _deterministic(on: bool):
     finally:
         torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
         torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[2], saved[3]
+
+
+def copy_by_name(models, source: Dict[str, object]) -> None:
+    """Copy ``source``'s tensors into every model's parameters and buffers of the same name and
+    shape (cast to the model's dtype: the float64 shadow takes float32 weights exactly)."""
+    import torch
+
+    with torch.no_grad():
+        for model in models:
+            for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+                s = source.get(name)
+                if s is not None and s.shape == t.shape:
+                    t.copy_(s.detach().to(device=t.device, dtype=t.dtype))
 
 
 def build_model(model_fn, seed: int):
@@ -214,16 +227,8 @@ class _Reference:
         step's roundoff is all there is, as at step 0, where every correct configuration of the
         calibration sits below the line and every bug far above it. What a strategy does with its
         own optimizer state (momentum over its gradients) still shows in the parameters."""
-        import torch
-
         models = [self.model] + [c.model for c in self._companions() if not c.failed]
-        with torch.no_grad():
-            for model in models:
-                for source, named in ((params, model.named_parameters()), (buffers or {}, model.named_buffers())):
-                    for name, t in named:
-                        s = source.get(name)
-                        if s is not None and s.shape == t.shape:
-                            t.copy_(s.detach().to(device=t.device, dtype=t.dtype))
+        copy_by_name(models, {**(buffers or {}), **params})
 
     def finish(self, records: List[StepRecord]) -> None:
         """A companion that failed at any step judges no step (the report says why)."""
