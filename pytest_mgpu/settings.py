@@ -185,6 +185,14 @@ def integer(given: Given, default: int) -> int:
         raise SettingsError(f"{given.where} takes an integer, got {given.value!r}") from None
 
 
+def at_least_one(given: Given, default: int) -> int:
+    """An integer >= 1: 0 or fewer emulated ranks would skip every distributed test in silence."""
+    value = integer(given, default)
+    if value < 1:
+        raise SettingsError(f"{given.where} must be 1 or more, got {given.value!r}")
+    return value
+
+
 def boolean(given: Given) -> bool:
     if given.value is None:
         return False
@@ -220,8 +228,8 @@ def percentage(given: Given, default: float) -> float:
         fraction = float(str(given.value).strip().rstrip("%")) / 100.0
     except ValueError:
         raise SettingsError(f"{given.where} takes a percentage such as 10 or 10%, got {given.value!r}") from None
-    if not fraction > 0:
-        raise SettingsError(f"{given.where} must be a positive percentage, got {given.value!r}")
+    if not (fraction > 0 and math.isfinite(fraction)):
+        raise SettingsError(f"{given.where} must be a positive, finite percentage, got {given.value!r}")
     return fraction
 
 
@@ -251,7 +259,7 @@ def resolve(option: Callable[[str], object], ini: Callable[[str], object],
         timeout_s=seconds,
         timeout_source=source,
         seed=integer(src.pick(SEED), DEFAULT_SEED),
-        max_cpu_ranks=integer(src.pick(MAX_CPU_RANKS), DEFAULT_MAX_CPU_RANKS),
+        max_cpu_ranks=at_least_one(src.pick(MAX_CPU_RANKS), DEFAULT_MAX_CPU_RANKS),
         isolate=boolean(src.pick(ISOLATE)),
     )
 

@@ -23,7 +23,9 @@ BAD = [
     ([], {}, "mgpu_isolate = maybe", "ini mgpu_isolate must be a bool (*maybe*)"),
     (["--mgpu-regression=fast"], {}, "", "--mgpu-regression takes a percentage such as 10 or 10%, got 'fast'"),
     ([], {}, "mgpu_regression = fast", "ini mgpu_regression takes a percentage such as 10 or 10%, got 'fast'"),
-    ([], {}, "mgpu_regression = -5", "ini mgpu_regression must be a positive percentage, got '-5'"),
+    ([], {}, "mgpu_regression = -5", "ini mgpu_regression must be a positive, finite percentage, got '-5'"),
+    (["--mgpu-regression=inf"], {}, "", "--mgpu-regression must be a positive, finite percentage, got 'inf'"),
+    (["--mgpu-max-cpu-ranks=0"], {}, "", "--mgpu-max-cpu-ranks must be 1 or more, got '0'"),
     ([], {}, "mgpu_gate = loud", "ini mgpu_gate must be one of auto, fail, warn, got 'loud'"),
     (["--mgpu-report=out.txt"], {}, "", "--mgpu-report writes .md, .json or .csv*got *out.txt"),
 ]

@@ -62,7 +62,8 @@ def divergence_table(report: Report) -> str:
     rows.sort(key=lambda r: report.tolerance.ratio(r[0], first), reverse=True)
     table = []
     for e, bound in rows[:WORST_ROWS]:
-        name = e.name + (f" (missing in {e.missing})" if e.missing else "")
+        name = e.name + (f" (the strategy's has {e.missing})" if e.missing.startswith("shape")
+                         else f" (missing in {e.missing})" if e.missing else "")
         tol = bound / e.norm_ref if e.norm_ref > 0 else bound
         table.append([first, e.kind, name, "x".join(map(str, e.shape)) or "scalar", _e(e.max_abs),
                       _e(e.max_rel), _e(e.rel), _e(tol), f"{report.tolerance.ratio(e, first):.3g}"])

@@ -96,8 +96,8 @@ def _bars(plt, group: str, members: Sequence[Row], out_dir: Path) -> Path:
     xs = range(len(members))
     _bar_axis(ax, xs, [r.median_s for r in members], labels, "step time (s): median, bars to quartiles", group,
               yerr=_iqr_bars(members), capsize=6, ecolor="red")
-    base = [(x, r.verdict["baseline_median"]) for x, r in zip(xs, members)
-            if r.verdict and r.verdict.get("baseline_median") is not None]
+    base = [(x, r.measurement.get("history_median_s")) for x, r in zip(xs, members)
+            if r.measurement.get("history_median_s") is not None]
     if base:
         ax.scatter([b[0] for b in base], [b[1] for b in base], marker="_", s=900, linewidths=2,
                    color="black", label="baseline median", zorder=3)
