@@ -1,5 +1,8 @@
 """Warm ranks: reused across tests, yet every test starts as a fresh rank would; any failure
 rebuilds the pool; the opt-out gives fresh processes."""
+import os
+
+from pytest_mgpu import world_sizes
 
 STATE = """
 import os, random, pytest, torch, torch.distributed as tdist
@@ -153,3 +156,19 @@ def test_isolate_option_gives_fresh_processes_everywhere(pytester):
     result = pytester.runpytest("--mgpu-fallback=cpu", "--mgpu-isolate")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*test_plain*"])
+
+
+def _pid() -> int:
+    return os.getpid()
+
+
+@world_sizes(2)
+def test_an_inner_session_leaves_the_outer_warm_ranks_working(dist, pytester):
+    """A session run in-process inside this one (pytester's runpytest, as plugin authors test)
+    shares this process's forkserver; its end must not stop it under our warm ranks, whose exit
+    status comes through it (they all read as "died: exit code 255" in the next call)."""
+    before = dist.run(_pid)
+    pytester.makepyfile("import os\nfrom pytest_mgpu import world_sizes\n\n"
+                        "@world_sizes(2)\ndef test_inner(dist):\n    assert len(set(dist.run(os.getpid))) == 2\n")
+    pytester.runpytest("--mgpu-fallback=cpu").assert_outcomes(passed=1)
+    assert dist.run(_pid) == before  # the same warm ranks serve the next call

@@ -196,6 +196,12 @@ def forkserver_context(start_method: str = "forkserver"):
     return ctx
 
 
+_OPEN_LAUNCHERS: set = set()
+"""Launchers of this process not yet closed. The forkserver is one per process: a pytest session run
+in-process inside another (pytester's ``runpytest``) must not stop it under the outer session, whose
+warm ranks would then all read as "died: exit code 255" (their exit status comes through it)."""
+
+
 class SpawnLauncher:
     """Starts fresh rank processes for every call."""
 
@@ -203,6 +209,7 @@ class SpawnLauncher:
         self._store = store or StoreServer()
         self._ctx = forkserver_context(start_method)
         self._live: Dict[int, mp.Process] = {}
+        _OPEN_LAUNCHERS.add(id(self))
 
     # -- public -------------------------------------------------------------------------------
     def run(self, spec: LaunchSpec, fn: FnRef, payload: bytes) -> LaunchResult:
@@ -255,4 +262,6 @@ class SpawnLauncher:
         for p in self._live.values():
             p.join(JOIN_S)
         self._live.clear()
-        stop_forkserver()
+        _OPEN_LAUNCHERS.discard(id(self))
+        if not _OPEN_LAUNCHERS:
+            stop_forkserver()
