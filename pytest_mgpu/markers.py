@@ -1,10 +1,13 @@
 """The ``gpuN`` markers, and the helper that parametrizes one test over several world sizes."""
 from __future__ import annotations
 
+import re
 from typing import Iterable, List, Optional
 
 WORLD_SIZES = (1, 2, 4, 8, 16)
 MARKERS = {f"gpu{n}": n for n in WORLD_SIZES}
+_GPU_NAME = re.compile(r"\bgpu(\d+)\b")
+KNOWN = ", ".join(MARKERS)
 
 
 class MarkerError(ValueError):
@@ -50,6 +53,22 @@ def world_sizes(*sizes: int):
         raise MarkerError(f"world_sizes{sizes} repeats a world size")
     params = [pytest.param(n, marks=_mark(n), id=f"gpu{n}") for n in sizes]
     return pytest.mark.parametrize("dist", params, indirect=True)
+
+
+def unknown_sizes(text: str, registered: Iterable[str] = ()) -> List[str]:
+    """The ``gpuN`` names in ``text`` (marker names, a ``-m`` expression) that are not a known size
+    (nor a marker the project registered itself): ``gpu3`` would otherwise read as "no gpuN marker",
+    and ``-m gpu3`` deselect every test silently."""
+    known = set(MARKERS) | set(registered)
+    return sorted({m.group(0) for m in _GPU_NAME.finditer(text) if m.group(0) not in known})
+
+
+def unknown_size_error(text: str, where: str, registered: Iterable[str] = ()) -> Optional[str]:
+    unknown = unknown_sizes(text, registered)
+    if not unknown:
+        return None
+    return (f"{where}: {', '.join(unknown)} is not a world size pytest-mgpu knows; its markers are "
+            f"{KNOWN}")
 
 
 def world_size_of(marker_names: Iterable[str]) -> Optional[int]:

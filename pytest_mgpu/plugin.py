@@ -34,6 +34,10 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    own = [line.split(":")[0].split("(")[0].strip() for line in config.getini("markers")]
+    problem = markers.unknown_size_error(config.option.markexpr or "", f"-m {config.option.markexpr!r}", own)
+    if problem:  # pytest would deselect every test and say nothing
+        raise pytest.UsageError(problem)
     for line in markers.marker_help():
         config.addinivalue_line("markers", line)
     try:
@@ -62,12 +66,15 @@ def pytest_report_header(config):
 # -- planning -------------------------------------------------------------------------------------
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
+    names = [m.name for m in item.iter_markers()]
     try:
-        world_size = markers.world_size_of(m.name for m in item.iter_markers())
+        world_size = markers.world_size_of(names)
     except markers.MarkerError as exc:
-        problem = f"{item.nodeid}: {exc}"
+        world_size, problem = None, f"{item.nodeid}: {exc}"
     else:
         problem = None
+    if problem is None and world_size is None and "dist" in getattr(item, "fixturenames", ()):
+        problem = markers.unknown_size_error(" ".join(names), item.nodeid)
     if problem:  # outside the except block: pytest would print the MarkerError too, as its context
         pytest.fail(problem, pytrace=False)
     if world_size is None:
@@ -75,9 +82,18 @@ def pytest_runtest_setup(item):
     plan = _session(item.config).plan(world_size)
     item.stash[PLAN_KEY] = plan
     if plan.skip_reason:
+        item.user_properties.append(("mgpu_skipped", (world_size, _skip_fix(item.config, world_size))))
         raise pytest.skip.Exception(plan.skip_reason, _use_item_location=True)  # report the test, not us
     item.user_properties.append(("mgpu_plan", plan.describe()))
     item.user_properties.append(("mgpu_emulated", plan.emulated))
+
+
+def _skip_fix(config, world_size: int) -> str:
+    """The one option that runs a skipped distributed test here (for the summary's line)."""
+    settings = _session(config).settings
+    if settings.fallback != "cpu":
+        return "run them on gloo CPU ranks with --mgpu-fallback=cpu"
+    return f"emulating them exceeds --mgpu-max-cpu-ranks={settings.max_cpu_ranks}; raise it to run them"
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
@@ -180,6 +196,9 @@ class _Recorder:
     def pytest_runtest_logreport(self, report):
         if report.skipped:
             self.skipped.add(report.nodeid)  # a skipped test did not run distributed
+            skipped = dict(report.user_properties).get("mgpu_skipped")
+            if skipped:
+                self.session.skipped[report.nodeid] = (int(skipped[0]), str(skipped[1]))
         if report.when != "teardown":
             return
         props = dict(report.user_properties)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from .devices import DeviceLease, DeviceLeaser, DevicePlan, Hardware, detect_hardware, plan_for
 from .settings import Settings
@@ -27,6 +27,8 @@ class MgpuSession:
     _launcher: object = None
     _leaser: Optional[DeviceLeaser] = None
     records: Dict[str, TestRecord] = field(default_factory=dict)
+    # Distributed tests this machine could not run: nodeid -> (world size, the option that runs them).
+    skipped: Dict[str, Tuple[int, str]] = field(default_factory=dict)
     # False on every rank but 0 when pytest itself runs inside ranks started by torchrun/srun:
     # only the primary process prints reports and writes report files and baselines.
     is_primary: bool = True
@@ -76,6 +78,19 @@ class MgpuSession:
             self._launcher.close()
 
     def summary_lines(self) -> List[str]:
+        """Said after every run that had distributed tests, also when none could run (without it,
+        `pytest -m gpu4` on a machine without GPUs printed only "28 skipped")."""
+        return self._ran_lines() + self._skipped_lines()
+
+    def _skipped_lines(self) -> List[str]:
+        by_fix: Dict[str, List[int]] = {}
+        for size, fix in self.skipped.values():
+            by_fix.setdefault(fix, []).append(size)
+        return [f"{len(sizes)} distributed test(s) skipped, needing "
+                f"{'/'.join(str(n) for n in sorted(set(sizes)))} GPU(s): {fix}"
+                for fix, sizes in by_fix.items()]
+
+    def _ran_lines(self) -> List[str]:
         if not self.records:
             return []
         recs = list(self.records.values())

@@ -114,3 +114,37 @@ def test_world_sizes_rejects_empty_and_repeats(pytester, sizes):
     result = pytester.runpytest()
     assert result.ret != 0
     result.stdout.fnmatch_lines(["*world_sizes*"])
+
+
+def test_an_unknown_gpu_marker_and_minus_m_name_the_known_sizes(pytester):
+    pytester.makepyfile(
+        """
+        import pytest
+        @pytest.mark.gpu3
+        def test_x(dist): pass
+
+        @pytest.mark.gpu3
+        def test_not_distributed(): pass  # the project's own use of the name: not ours to judge
+        """
+    )
+    result = pytester.runpytest("--mgpu-fallback=cpu", "-p", "no:warnings")
+    result.assert_outcomes(errors=1, passed=1)
+    result.stdout.fnmatch_lines(["*test_x: gpu3 is not a world size pytest-mgpu knows; its markers are "
+                                 "gpu1, gpu2, gpu4, gpu8, gpu16*"])
+    result = pytester.runpytest("-m", "gpu2 or gpu3")  # would deselect everything, silently
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*-m 'gpu2 or gpu3': gpu3 is not a world size*gpu16*"])
+    pytester.makeini("[pytest]\nmarkers =\n    gpu3: the project's own")
+    pytester.runpytest("-m", "gpu3").assert_outcomes(errors=1, passed=1)  # registered: selects
+
+
+def test_skipped_distributed_tests_are_counted_with_the_option_that_runs_them(pytester):
+    pytester.makepyfile(ALLREDUCE)
+    result = pytester.runpytest("-m", "gpu2 or gpu4")  # no GPUs here, no fallback
+    result.assert_outcomes(skipped=3, deselected=1)
+    result.stdout.fnmatch_lines(["*= pytest-mgpu =*", "3 distributed test(s) skipped, needing 2/4 GPU(s): "
+                                 "run them on gloo CPU ranks with --mgpu-fallback=cpu"])
+    result = pytester.runpytest("--mgpu-fallback=cpu", "--mgpu-max-cpu-ranks=2", "-k", "gpu4")
+    result.assert_outcomes(skipped=1, deselected=3)
+    result.stdout.fnmatch_lines(["1 distributed test(s) skipped, needing 4 GPU(s): emulating them exceeds "
+                                 "--mgpu-max-cpu-ranks=2; raise it to run them"])

@@ -45,6 +45,7 @@ class FnRef:
 
     @classmethod
     def of(cls, fn) -> "FnRef":
+        __tracebackhide__ = True  # a function that cannot travel is the caller's line, not ours
         if not callable(fn):
             raise BadCallError(f"dist.run needs a function, got {type(fn).__name__}: {fn!r}")
         module = getattr(fn, "__module__", None)

@@ -33,6 +33,7 @@ def cross_entropy(outputs, targets):
 
 
 def _skip(reason: str):
+    __tracebackhide__ = True  # pytest reports a skip where its last visible frame is: the test
     import pytest  # the outcome, not the hook machinery: a strategy this hardware cannot run skips
 
     pytest.skip(f"parity {reason}")

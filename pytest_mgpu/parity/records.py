@@ -34,6 +34,7 @@ class Portable:
 
     @classmethod
     def of(cls, obj, what: str) -> "Portable":
+        __tracebackhide__ = True  # a value that cannot travel is the caller's line, not ours
         if not callable(obj):
             raise BadCallError(f"{what} must be callable, got {type(obj).__name__}: {obj!r}")
         if isinstance(obj, functools.partial):

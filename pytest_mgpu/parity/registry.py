@@ -71,6 +71,7 @@ class StrategyError(ValueError):
 
 def resolve(strategy: str, options: Dict[str, Any]) -> Tuple[Strategy, Dict[str, Any]]:
     """The strategy and its full option set (defaults filled in); StrategyError says what is valid."""
+    __tracebackhide__ = True  # a bad strategy or option is the caller's line, not ours
     spec = STRATEGIES.get(strategy)
     if spec is None:
         known = "\n".join(f"  {s.name!r}: {s.about}" for s in STRATEGIES.values())
