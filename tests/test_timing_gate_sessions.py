@@ -112,6 +112,9 @@ def test_damaged_baseline_is_reported_once_measured_and_repaired(pytester):
     out = result.stdout.str()
     assert out.count(f"baseline file unreadable: {own}: not valid JSON") == 1
     assert out.count("notes.json: holds a JSON list") == 1
+    result.stdout.fnmatch_lines([f"*{own.name}: not valid JSON*Its tests were measured as if no baseline*",
+                                 "*notes.json: holds a JSON list*not this run's baseline*nothing was judged*"],
+                                consecutive=False)
     assert "Traceback" not in out and "JSONDecodeError" not in out
     result.stdout.fnmatch_lines(["*mm*single*baseline unreadable*", "*appended to their histories*"])
     assert (folder / (own.name + ".corrupt")).read_text().endswith('"entr')

@@ -158,9 +158,14 @@ class TimingState:
             elif f is not None:
                 lines.append(f"  baseline {source}; the gate decides from {rule.MIN_HISTORY} launches, "
                              f"threshold +{self.options.threshold * 100:g}%, alpha {rule.ALPHA:g} per stage")
+        own = {str(self.store.path_for(fp)) for fp, _ in seen.values()}
         for path, problem in sorted(self.store.scan().items()):
-            lines.append(f"baseline file unreadable: {problem}. Its tests were measured as if no baseline "
-                         "existed; --mgpu-save-baselines keeps it aside as *.corrupt and writes a good one")
+            if path in own:
+                lines.append(f"baseline file unreadable: {problem}. Its tests were measured as if no baseline "
+                             "existed; --mgpu-save-baselines keeps it aside as *.corrupt and writes a good one")
+            else:  # another machine's file, or a stray one: nothing of this run was judged by it
+                lines.append(f"baseline file unreadable: {problem}. It is not this run's baseline (another "
+                             "machine's, or a stray file): nothing was judged by it; repair or remove it")
         return lines
 
 
