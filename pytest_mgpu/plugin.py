@@ -109,7 +109,7 @@ def _prewarm(item) -> None:
     session = _session(item.config)
     plan = session.plan(world_size)
     launcher = session.launcher_for(item.get_closest_marker(markers.ISOLATE) is not None)
-    if plan.skip_reason or plan.device_type == "cuda" or not hasattr(launcher, "prewarm"):
+    if plan.skip_reason or plan.device_type == "cuda":
         return  # GPU ranks need the test's device lease first: the call's cut covers their start
     launcher.prewarm(Dist(plan=plan, launcher=launcher, seed=session.settings.seed).spec(world_size))
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from .devices import DeviceLease, DeviceLeaser, DevicePlan, Hardware, detect_hardware, plan_for
+from .launch.base import Launcher
 from .settings import Settings
 
 
@@ -24,7 +25,7 @@ class TestRecord:
 class MgpuSession:
     settings: Settings
     _hardware: Optional[Hardware] = None
-    _launcher: object = None
+    _launcher: Optional[Launcher] = None
     _leaser: Optional[DeviceLeaser] = None
     records: Dict[str, TestRecord] = field(default_factory=dict)
     # False on every rank but 0 when pytest itself runs inside ranks started by torchrun/srun:
@@ -40,7 +41,7 @@ class MgpuSession:
         return self._hardware
 
     @property
-    def launcher(self):
+    def launcher(self) -> Launcher:
         if self._launcher is None and self.external is not None:
             from .launch.external import ExternalLauncher
 
@@ -52,12 +53,9 @@ class MgpuSession:
             self._launcher = SpawnLauncher() if self.settings.isolate else PoolLauncher()
         return self._launcher
 
-    def launcher_for(self, isolate: bool):
+    def launcher_for(self, isolate: bool) -> Launcher:
         """The launcher for one test: warm ranks, or fresh processes when the test asks for them."""
-        launcher = self.launcher
-        if isolate and hasattr(launcher, "fresh"):
-            return launcher.fresh
-        return launcher
+        return self.launcher.fresh if isolate else self.launcher
 
     def plan(self, world_size: int) -> DevicePlan:
         if self.external is not None:

@@ -21,12 +21,12 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from .._context import RankContext, set_rank_context
 from ..devices import DevicePlan
 from .attribution import attribute, returned_early
+from .base import LaunchResult, LaunchSpec
 from .collect import raised_problem
 from .control import ControlPlane, Post, WorldBroken
 from .errors import RankFailure, RankProblem
 from .protocol import FnRef, RankOutcome, RankTask, safe_str, type_name
 from .rank import run_call, seed_everything
-from .spawn import LaunchResult, LaunchSpec
 
 ENV_MODE = "PYTEST_MGPU_EXTERNAL"  # auto | on | off
 ENV_JOINED = "PYTEST_MGPU_JOINED"  # pid of the process that joined: its child processes do not join
@@ -534,6 +534,14 @@ class ExternalLauncher:
             f"{wb.reason}.\nThe job ends here on every rank: a rank left inside a collective (or hung) cannot "
             "rejoin the process group. Raise the limit with dist.run(..., timeout=S) or --mgpu-timeout if the "
             "work is just slow."))
+
+    def prewarm(self, spec: LaunchSpec) -> None:
+        """Nothing to start: the job's processes are the ranks."""
+
+    @property
+    def fresh(self) -> "ExternalLauncher":
+        """Itself: the job's processes are the only ranks there are, so none can be fresh."""
+        return self
 
     def close(self) -> None:
         pass
