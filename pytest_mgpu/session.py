@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 from .devices import DeviceLease, DeviceLeaser, DevicePlan, Hardware, detect_hardware, plan_for
 from .launch.base import Launcher
 from .settings import Settings
+
+if TYPE_CHECKING:
+    from .launch.external.session import ExternalSession
 
 
 @dataclass
@@ -31,8 +34,8 @@ class MgpuSession:
     # False on every rank but 0 when pytest itself runs inside ranks started by torchrun/srun:
     # only the primary process prints reports and writes report files and baselines.
     is_primary: bool = True
-    # The job this process is a rank of, when torchrun/srun started pytest (launch/external.py).
-    external: object = None
+    # The job this process is a rank of, when torchrun/srun started pytest (launch/external/).
+    external: Optional["ExternalSession"] = None
 
     @property
     def hardware(self) -> Hardware:
@@ -43,7 +46,7 @@ class MgpuSession:
     @property
     def launcher(self) -> Launcher:
         if self._launcher is None and self.external is not None:
-            from .launch.external import ExternalLauncher
+            from .launch.external.launcher import ExternalLauncher
 
             self._launcher = ExternalLauncher(self.external)
         if self._launcher is None:
