@@ -18,7 +18,7 @@ from typing import Dict, List, Optional
 from ..devices import usable_cpus
 from .base import LaunchResult, LaunchSpec
 from .collect import collect
-from .processes import kill_tree
+from .processes import alive, kill_tree
 from .protocol import FnRef, RankTask
 from .rank import rank_main
 from .rendezvous import Rendezvous, StoreServer
@@ -87,18 +87,8 @@ def remove_stale_logdirs() -> None:
         return
     for name in names:
         m = _LOGDIR.match(name)
-        if m and not _alive(int(m.group(1))):
+        if m and not alive(int(m.group(1))):
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 def stop_forkserver(wait_s: float = 2.0) -> None:
