@@ -4,7 +4,6 @@ and disjoint device leases so that pytest-xdist workers never share a GPU.
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import tempfile
 import time
@@ -102,6 +101,8 @@ class DeviceLease:
     waited_s: float = 0.0
 
     def release(self) -> None:
+        import fcntl  # here, not at the top: see DeviceLeaser
+
         for fd in self._fds:
             try:
                 fcntl.flock(fd, fcntl.LOCK_UN)
@@ -121,6 +122,10 @@ class DeviceLeaser:
 
     Locks are tied to open file descriptors, so a worker that dies frees its devices at once.
     A request waits (polling) until enough devices are free rather than oversubscribing.
+
+    ``fcntl`` is imported where a lock is taken, not at the top: the plugin loads in every pytest run
+    (the ``pytest11`` entry point), and a platform without fcntl (Windows) must still run pytest;
+    only GPU leases need it.
     """
 
     def __init__(self, ids: Sequence[str], lock_dir: Optional[str] = None, poll_s: float = 0.05):
@@ -130,6 +135,8 @@ class DeviceLeaser:
         os.makedirs(self.lock_dir, exist_ok=True)
 
     def _try(self, n: int) -> Optional[List[Tuple[str, int]]]:
+        import fcntl
+
         held: List[Tuple[str, int]] = []
         for dev in self.ids:
             fd = os.open(os.path.join(self.lock_dir, f"cuda-{dev}.lock"), os.O_RDWR | os.O_CREAT, 0o600)

@@ -13,7 +13,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 from .devices import DevicePlan
 from .launch.errors import RankFailure
 from .launch.protocol import pack_call
-from .launch.spawn import LaunchSpec
+from .launch.base import Launcher, LaunchSpec
 from .settings import SettingsError, validate_timeout
 
 
@@ -30,7 +30,7 @@ class CallRecord:
 @dataclass
 class Dist:
     plan: DevicePlan
-    launcher: Any  # SpawnLauncher or another launcher with .run(spec, fn_ref, payload)
+    launcher: Launcher  # fresh ranks, warm ranks, or the ranks of a torchrun/srun job
     label: str = "dist.run"
     timeout_s: float = 300.0
     seed: int = 0

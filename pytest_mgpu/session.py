@@ -3,10 +3,14 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from .devices import DeviceLease, DeviceLeaser, DevicePlan, Hardware, detect_hardware, plan_for
+from .launch.base import Launcher
 from .settings import Settings
+
+if TYPE_CHECKING:
+    from .launch.external.session import ExternalSession
 
 
 @dataclass
@@ -24,7 +28,7 @@ class TestRecord:
 class MgpuSession:
     settings: Settings
     _hardware: Optional[Hardware] = None
-    _launcher: object = None
+    _launcher: Optional[Launcher] = None
     _leaser: Optional[DeviceLeaser] = None
     records: Dict[str, TestRecord] = field(default_factory=dict)
     # Distributed tests this machine could not run: nodeid -> (world size, the option that runs them).
@@ -32,8 +36,8 @@ class MgpuSession:
     # False on every rank but 0 when pytest itself runs inside ranks started by torchrun/srun:
     # only the primary process prints reports and writes report files and baselines.
     is_primary: bool = True
-    # The job this process is a rank of, when torchrun/srun started pytest (launch/external.py).
-    external: object = None
+    # The job this process is a rank of, when torchrun/srun started pytest (launch/external/).
+    external: Optional["ExternalSession"] = None
 
     @property
     def hardware(self) -> Hardware:
@@ -42,9 +46,9 @@ class MgpuSession:
         return self._hardware
 
     @property
-    def launcher(self):
+    def launcher(self) -> Launcher:
         if self._launcher is None and self.external is not None:
-            from .launch.external import ExternalLauncher
+            from .launch.external.launcher import ExternalLauncher
 
             self._launcher = ExternalLauncher(self.external)
         if self._launcher is None:
@@ -54,12 +58,9 @@ class MgpuSession:
             self._launcher = SpawnLauncher() if self.settings.isolate else PoolLauncher()
         return self._launcher
 
-    def launcher_for(self, isolate: bool):
+    def launcher_for(self, isolate: bool) -> Launcher:
         """The launcher for one test: warm ranks, or fresh processes when the test asks for them."""
-        launcher = self.launcher
-        if isolate and hasattr(launcher, "fresh"):
-            return launcher.fresh
-        return launcher
+        return self.launcher.fresh if isolate else self.launcher
 
     def plan(self, world_size: int) -> DevicePlan:
         if self.external is not None:

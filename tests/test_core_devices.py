@@ -99,3 +99,35 @@ def test_environment_report_command():
     assert out.returncode == 0, out.stderr
     for word in ("torch", "CUDA devices", "NCCL", "gloo", "fingerprint"):
         assert word in out.stdout
+
+
+NO_FCNTL = '''\
+import sys
+
+
+class NoFcntl:
+    """As on Windows: there is no fcntl module."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "fcntl":
+            raise ImportError("No module named 'fcntl' (made unimportable by the test)")
+        return None
+
+
+sys.modules.pop("fcntl", None)
+sys.meta_path.insert(0, NoFcntl())
+'''
+
+
+def test_the_plugin_imports_where_there_is_no_fcntl(tmp_path):
+    """pytest loads the plugin in every run (the pytest11 entry point): a platform without fcntl
+    must still run pytest; only GPU leases need the lock."""
+    (tmp_path / "sitecustomize.py").write_text(NO_FCNTL)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), repo]))
+    code = ("import pytest_mgpu.plugin\n"
+            "try:\n    import fcntl\nexcept ImportError:\n    print('imported without fcntl')\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=str(tmp_path), env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "imported without fcntl" in out.stdout, "the sitecustomize did not hide fcntl:\n" + out.stdout

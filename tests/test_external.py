@@ -450,7 +450,7 @@ def _launcher(rank):
 def test_a_lost_rank_that_sent_no_stack_is_the_cause_not_its_peers_connection_errors():
     """torchrun: rank 0 died in a collective; ranks 1, 2 report gloo's error first. Evidence, not
     arrival order: the rank that vanished without a stack is the cause."""
-    from pytest_mgpu.launch.spawn import LaunchSpec
+    from pytest_mgpu.launch.base import LaunchSpec
 
     wb = WorldBroken("rank(s) 0 still busy 10s after rank(s) 1, 2 failed", lost=(0,),
                      posts={r: Post(r, "end", False, _comm_error(r)) for r in (1, 2)}, stacks={})
@@ -462,7 +462,7 @@ def test_a_lost_rank_that_sent_no_stack_is_the_cause_not_its_peers_connection_er
 
 def test_a_lost_rank_waiting_in_a_collective_is_a_consequence_of_a_real_error():
     from pytest_mgpu.launch.protocol import RankOutcome
-    from pytest_mgpu.launch.spawn import LaunchSpec
+    from pytest_mgpu.launch.base import LaunchSpec
 
     stack = 'Current thread 0x1 (most recent call first):\n  File "/x/torch/distributed/distributed_c10d.py", line 9 in barrier'
     posts = {1: Post(1, "end", False, RankOutcome(rank=1, ok=False, exc_type="ValueError", exc_message="bad"))}

@@ -17,12 +17,13 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+from .base import LaunchResult, LaunchSpec
 from .collect import collect
 from .errors import RankFailure
 from .processes import kill_tree
 from .protocol import FnRef
 from .rendezvous import StoreServer
-from .spawn import JOIN_S, LaunchResult, LaunchSpec, SpawnLauncher, threads_per_rank, forkserver_context, make_logdir, make_task
+from .spawn import JOIN_S, SpawnLauncher, forkserver_context, make_logdir, make_task, threads_per_rank
 from .worker import PoolCall
 
 Key = Tuple[int, str, str, Tuple[str, ...], bool]

@@ -23,6 +23,17 @@ def become_subreaper() -> None:
         pass
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one owned by another user counts: it cannot be signalled)."""
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
 def _parents() -> Dict[int, int]:
     parents: Dict[int, int] = {}
     try:

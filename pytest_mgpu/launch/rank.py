@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import List, Optional
 
 from .._context import RankContext, set_rank_context
-from .processes import become_subreaper, descendants, end_descendants
+from .processes import alive, become_subreaper, descendants, end_descendants
 from .protocol import RankOutcome, RankTask, safe_str, type_name
 
 STACK_SIGNAL = signal.SIGUSR1
@@ -52,7 +52,7 @@ def _watch_launcher(launcher_pid: int) -> None:
     outlived a SIGKILLed pytest in 5 of 6 runs on a loaded machine)."""
     import threading
 
-    if os.getppid() == 1 or not _alive(launcher_pid):
+    if os.getppid() == 1 or not alive(launcher_pid):
         os._exit(70)
     try:
         fd = os.pidfd_open(launcher_pid)
@@ -83,16 +83,6 @@ def _set_pdeathsig() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except Exception:  # not Linux: the launcher still kills the tree explicitly
         pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 def detach(log_path: str, launcher_pid: int) -> None:

@@ -13,63 +13,18 @@ import re
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 from ..devices import usable_cpus
-from .collect import CallLimit, collect
-from .processes import kill_tree
+from .base import LaunchResult, LaunchSpec
+from .collect import collect
+from .processes import alive, kill_tree
 from .protocol import FnRef, RankTask
 from .rank import rank_main
 from .rendezvous import Rendezvous, StoreServer
 
 JOIN_S = 5.0  # how long a rank that sent its result gets to exit before it is killed
 PRELOAD = ["numpy", "torch", "torch.distributed", "pytest_mgpu.launch.rank", "pytest_mgpu.launch.worker"]
-
-
-@dataclass(frozen=True)
-class LaunchSpec:
-    """What to start: the shape of the group and how long it may take."""
-
-    nprocs: int
-    backend: str = "gloo"
-    device_type: str = "cpu"
-    device_ids: Tuple[str, ...] = ()  # physical CUDA ids visible to every rank; rank r uses cuda:r
-    emulated: bool = False
-    seed: int = 0
-    per_rank_seed: bool = False
-    timeout_s: float = 300.0
-    label: str = "dist.run"
-    env: Dict[str, str] = field(default_factory=dict)
-    timeout_source: str = "--mgpu-timeout"  # where timeout_s came from, named when it fires
-    outer_deadline: Optional[float] = None  # time.monotonic() at which pytest-timeout ends the test
-    outer_source: str = ""  # e.g. "pytest-timeout's limit of 4s (--timeout)"
-
-    def limit(self) -> CallLimit:
-        return CallLimit(self.timeout_s, self.timeout_source, self.outer_deadline, self.outer_source)
-
-    def describe(self) -> str:
-        where = f"{self.backend} on {self.device_type}"
-        if self.emulated:
-            where += " (emulated)"
-        return f"{self.label} [{self.nprocs} rank(s), {where}]"
-
-
-@dataclass
-class LaunchResult:
-    values: List[Any]
-    logs: List[str]
-    startup_s: float  # the call's wall time not spent in the user's function (start, join, return)
-    wall_s: float
-    notes: List[str] = field(default_factory=list)  # what ranks left behind (children, threads)
-
-    @classmethod
-    def of(cls, got, log_paths, t0: float) -> "LaunchResult":
-        values = [got.outcomes[r].value for r in range(len(log_paths))]
-        wall = time.perf_counter() - t0
-        work = max((o.run_s for o in got.outcomes.values()), default=0.0)
-        notes = [n for r in sorted(got.outcomes) for n in got.outcomes[r].notes]
-        return cls(values, got.logs(log_paths), max(0.0, wall - work), wall, notes)
 
 
 def threads_per_rank(nprocs: int) -> int:
@@ -132,18 +87,8 @@ def remove_stale_logdirs() -> None:
         return
     for name in names:
         m = _LOGDIR.match(name)
-        if m and not _alive(int(m.group(1))):
+        if m and not alive(int(m.group(1))):
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 def stop_forkserver(wait_s: float = 2.0) -> None:
@@ -254,6 +199,11 @@ class SpawnLauncher:
             from multiprocessing import forkserver
 
             forkserver.ensure_running()
+
+    @property
+    def fresh(self) -> "SpawnLauncher":
+        """Itself: every call already gets fresh rank processes."""
+        return self
 
     def close(self) -> None:
         """Kill anything still running (called at session end and on interrupt)."""

@@ -1,0 +1,156 @@
+"""``dist.run`` inside a launched job: every rank runs the function itself, and every rank gets all
+ranks' values (or their failures, with cause and consequence told apart).
+
+The ranks meet on the job's store before and after the call (``control.py``); a rank that fails,
+hangs or dies ends the job, since a rank left inside a collective cannot rejoin the group. Plain
+Python, no pytest.
+"""
+from __future__ import annotations
+
+import pickle
+import time
+from typing import Optional
+
+from ..._context import RankContext, set_rank_context
+from ..attribution import attribute, returned_early
+from ..base import LaunchResult, LaunchSpec
+from ..collect import raised_problem
+from ..control import Post, WorldBroken
+from ..errors import RankFailure, RankProblem
+from ..protocol import FnRef, RankOutcome, RankTask, safe_str, type_name
+from ..rank import run_call, seed_everything
+from .agree import START
+from .detect import ExternalError
+from .session import ExternalSession
+
+FAILURE_GRACE_S = 10.0  # after a rank failed in dist.run, how long the others get to return
+
+
+class ExternalLauncher:
+    """``launcher.run(spec, fn, payload)`` for a launched job: run ``fn`` in this rank, gather all ranks'
+    values (or failures) on every rank. ``dist.run_single`` runs ``fn`` on rank 0 only."""
+
+    def __init__(self, session: ExternalSession):
+        self.session = session
+
+    def run(self, spec: LaunchSpec, fn: FnRef, payload: bytes) -> LaunchResult:
+        t0 = time.perf_counter()
+        s = self.session
+        ctl, world = s.control, s.world
+        single = spec.nprocs == 1 and world.world_size != 1
+        if not single and spec.nprocs != world.world_size:
+            raise ExternalError(f"{spec.describe()} needs {spec.nprocs} ranks; this job has {world.world_size}")
+        call = "dist.run_single" if single else "dist.run"
+        tag = f"{call}({fn.qualname}) in {spec.label}"
+        try:
+            posts = ctl.exchange(START + tag, timeout_s=s.timeout_s)
+        except WorldBroken as wb:
+            raise self._failure(spec, wb, started=False) from None
+        absent = {r: p.tag for r, p in posts.items() if p.tag != START + tag}
+        if absent:
+            raise RankFailure(spec.describe(), [
+                RankProblem(r, "absent", f"did not enter this dist.run; it was at {t!r}")
+                for r, t in sorted(absent.items())
+            ], hint=("No rank ran the function. Every rank must make the same dist.run calls in the same "
+                     "order: a rank that skipped or failed before this call (rank-dependent code in the "
+                     "test body) leaves the others alone in it."))
+        started = time.monotonic()
+        deadline = started + spec.timeout_s
+        outcome: Optional[RankOutcome] = None
+        if not single or world.rank == 0:
+            outcome = self._run_here(spec, fn, payload, single, deadline)
+        try:
+            posts = ctl.exchange("the end of " + tag, outcome, ok=outcome is None or outcome.ok,
+                                 deadline=deadline, grace_s=min(FAILURE_GRACE_S, spec.timeout_s))
+        except WorldBroken as wb:
+            wb.posts.setdefault(world.rank, Post(world.rank, "", outcome is None or outcome.ok, outcome))
+            raise self._failure(spec, wb, started=True) from None
+        problems = [raised_problem(p.data) for _, p in sorted(posts.items()) if not p.ok]
+        if problems:
+            returned = [r for r, p in posts.items() if p.ok]
+            raise RankFailure(spec.describe(), attribute(problems, returned, returned_early))
+        outcomes = [posts[0].data] if single else [posts[r].data for r in range(world.world_size)]
+        wall = time.perf_counter() - t0
+        work = max((o.run_s for o in outcomes), default=0.0)
+        return LaunchResult([o.value for o in outcomes], [], max(0.0, wall - work), wall)
+
+    def _run_here(self, spec, fn, payload, single: bool, deadline: float) -> RankOutcome:
+        s, w = self.session, self.session.world
+        dev = s.device
+        if single:
+            devices = tuple(range(min(_cuda_count(), spec.nprocs if spec.nprocs > 1 else w.world_size))) \
+                if dev.device_type == "cuda" else ()
+            rank, size, local = 0, 1, 0
+        else:
+            devices = (dev.device_index,) if dev.device_type == "cuda" else ()
+            rank, size, local = w.rank, w.world_size, w.local_rank
+        task = RankTask(
+            rank=rank, world_size=size, local_rank=local, backend=dev.backend, device_type=dev.device_type,
+            device_index=dev.device_index, devices=devices, emulated=spec.emulated, store_host=w.master_addr,
+            store_port=w.master_port, store_prefix="", seed=spec.seed, per_rank_seed=spec.per_rank_seed,
+            threads=0, fn=fn, payload=payload, log_path="", pg_timeout_s=spec.timeout_s,
+        )
+        seed_everything(spec.seed + (rank if spec.per_rank_seed else 0))
+        set_rank_context(RankContext(rank=rank, world_size=size, local_rank=local, device_type=dev.device_type,
+                                     device_index=dev.device_index, backend=dev.backend, emulated=spec.emulated,
+                                     seed=spec.seed, devices=devices))
+        s.control.watch_deadline(deadline, f"dist.run of {fn.qualname} in {spec.label}")
+        try:
+            outcome = run_call(task)
+        finally:
+            s.control.watch_deadline(None)
+            set_rank_context(None)
+        outcome.rank = w.rank
+        if outcome.exc_type == "KeyboardInterrupt":
+            raise KeyboardInterrupt
+        if outcome.ok:
+            try:  # every rank unpickles it: rebuild it here first, where the failure can be named
+                pickle.loads(pickle.dumps(outcome.value, protocol=pickle.HIGHEST_PROTOCOL))
+            except Exception as exc:
+                return RankOutcome(rank=w.rank, ok=False, exc_type=type_name(exc), phase="return", exc_message=(
+                    f"the value returned by rank {w.rank} ({type_name(outcome.value)}) cannot be sent to the "
+                    f"other ranks ({safe_str(exc)}); return tensors, numbers, strings or containers of them"))
+        return outcome
+
+    def _failure(self, spec: LaunchSpec, wb: WorldBroken, started: bool) -> RankFailure:
+        problems = [raised_problem(p.data) for _, p in sorted(wb.posts.items())
+                    if not p.ok and isinstance(p.data, RankOutcome)]
+        failed_first = bool(problems)
+        for r in wb.lost:
+            stack = wb.stacks.get(r, "(it did not send its stack)")
+            if r not in wb.stacks and started:  # its monitor thread did not answer: the process is gone
+                problems.append(RankProblem(r, "died", "was lost: it stopped answering and sent no stack "
+                                            "(its process died or froze)"))
+            elif failed_first:
+                problems.append(RankProblem(r, "stopped", "was still running after another rank failed "
+                                            "(probably waiting in a collective for it); its stack:", stack,
+                                            secondary=True))
+            elif started:
+                problems.append(RankProblem(r, "hung", f"did not finish within {spec.timeout_s:g}s (hung); "
+                                            "its Python stack:", stack))
+            else:
+                problems.append(RankProblem(r, "hung", "did not reach this dist.run; its Python stack:", stack))
+        if not problems:
+            problems.append(RankProblem(self.session.rank, "stopped", f"could not go on: {wb.reason}"))
+        returned = [r for r, p in wb.posts.items() if p.ok] if started else []
+        return RankFailure(spec.describe(), attribute(problems, returned, returned_early), hint=(
+            f"{wb.reason}.\nThe job ends here on every rank: a rank left inside a collective (or hung) cannot "
+            "rejoin the process group. Raise the limit with dist.run(..., timeout=S) or --mgpu-timeout if the "
+            "work is just slow."))
+
+    def prewarm(self, spec: LaunchSpec) -> None:
+        """Nothing to start: the job's processes are the ranks."""
+
+    @property
+    def fresh(self) -> "ExternalLauncher":
+        """Itself: the job's processes are the only ranks there are, so none can be fresh."""
+        return self
+
+    def close(self) -> None:
+        pass
+
+
+def _cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
