@@ -9,7 +9,7 @@ from . import markers
 from .devices import DevicePlan
 from .dist import Dist
 from .session import MgpuSession, TestRecord
-from .settings import ENV_FALLBACK, SettingsError, resolve, validate_timeout
+from .settings import SettingsError, resolve, validate_timeout
 
 SESSION_KEY = pytest.StashKey[MgpuSession]()
 PLAN_KEY = pytest.StashKey[DevicePlan]()

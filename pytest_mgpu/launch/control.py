@@ -126,26 +126,13 @@ class ControlPlane:
                 now = time.monotonic()
                 if count != last_seen and (grace_s is not None or count >= world):
                     last_seen = count
-                    for r in sorted(pending):
-                        if self._store.check([f"x{n}/{r}"]):
-                            posts[r] = self._get(f"x{n}/{r}")
-                            pending.discard(r)
-                            if not posts[r].ok and first_failure is None:
-                                first_failure = now
+                    if self._read_arrived(n, pending, posts) and first_failure is None:
+                        first_failure = now
                 if not pending:
                     break
                 if now >= next_slow:  # a few times a second: abort by a peer, dead peers
                     next_slow = now + 0.25
-                    if self._store.check(["abort"]):
-                        reason = self._store.get("abort").decode(errors="replace")
-                        lost = tuple(r for r in range(world) if self._store.check([f"lost/{r}"]))
-                        self.broken, self.lost = reason, lost
-                        raise WorldBroken(reason, lost, posts, by_peer=True)
-                    dead = self._dead(pending, beats, now)
-                    if dead:
-                        raise self._lose(
-                            dead, f"rank(s) {_names(dead)} stopped sending heartbeats for {DEAD_S:g}s "
-                            f"(the process died or froze) at {tag}", posts)
+                    self._check_peers(pending, beats, now, tag, posts)
             except RuntimeError as exc:
                 if isinstance(exc, WorldBroken):
                     raise
@@ -153,27 +140,54 @@ class ControlPlane:
             limit = end if first_failure is None or grace_s is None else min(end, first_failure + grace_s)
             if now >= limit:
                 try:  # who did arrive (posts are only read once all are there, or to spot failures)
-                    for r in sorted(pending):
-                        if self._store.check([f"x{n}/{r}"]):
-                            posts[r] = self._get(f"x{n}/{r}")
-                            pending.discard(r)
+                    self._read_arrived(n, pending, posts)
                 except RuntimeError:
                     pass
                 if not pending:
                     continue
-                missing = tuple(sorted(pending))
-                if first_failure is not None and grace_s is not None:
-                    failed = _names(sorted(r for r, p in posts.items() if not p.ok) or [me])
-                    why = (f"rank(s) {_names(missing)} still busy {_secs(limit - first_failure)} after rank(s) "
-                           f"{failed} failed at {tag} (probably waiting in a collective for them)")
-                else:
-                    why = f"rank(s) {_names(missing)} did not arrive at {tag} within {_secs(end - start)}"
-                raise self._lose(missing, why, posts)
+                grace = None if first_failure is None or grace_s is None else (first_failure, limit)
+                raise self._late(tuple(sorted(pending)), tag, posts, end - start, grace)
             time.sleep(min(sleep, max(0.0, limit - now)))
             sleep = min(sleep * 2, POLL_MAX_S)
         posts[me] = Post(me, tag, ok, data)
         self._cleanup(n - 1)
         return posts
+
+    def _read_arrived(self, n: int, pending: set, posts: Dict[int, "Post"]) -> bool:
+        """Move the ranks of ``pending`` that have posted at exchange ``n`` into ``posts``; True when
+        one of them posted a failure."""
+        failed = False
+        for r in sorted(pending):
+            if self._store.check([f"x{n}/{r}"]):
+                posts[r] = self._get(f"x{n}/{r}")
+                pending.discard(r)
+                failed = failed or not posts[r].ok
+        return failed
+
+    def _late(self, missing: Tuple[int, ...], tag: str, posts: Dict[int, "Post"], waited_s: float,
+              grace: Optional[Tuple[float, float]]) -> "WorldBroken":
+        """The error for ranks that did not post in time: after a peer's failure (``grace``: when it
+        came, and the limit it set), they are probably waiting in a collective for it."""
+        if grace is not None:
+            failed = _names(sorted(r for r, p in posts.items() if not p.ok) or [self.rank])
+            why = (f"rank(s) {_names(missing)} still busy {_secs(grace[1] - grace[0])} after rank(s) "
+                   f"{failed} failed at {tag} (probably waiting in a collective for them)")
+        else:
+            why = f"rank(s) {_names(missing)} did not arrive at {tag} within {_secs(waited_s)}"
+        return self._lose(missing, why, posts)
+
+    def _check_peers(self, pending: set, beats: Dict[int, Tuple[int, float]], now: float, tag: str,
+                     posts: Dict[int, "Post"]) -> None:
+        """Raise when a peer aborted the job, or a rank we wait for stopped sending heartbeats."""
+        if self._store.check(["abort"]):
+            reason = self._store.get("abort").decode(errors="replace")
+            lost = tuple(r for r in range(self.world_size) if self._store.check([f"lost/{r}"]))
+            self.broken, self.lost = reason, lost
+            raise WorldBroken(reason, lost, posts, by_peer=True)
+        dead = self._dead(pending, beats, now)
+        if dead:
+            raise self._lose(dead, f"rank(s) {_names(dead)} stopped sending heartbeats for {DEAD_S:g}s "
+                             f"(the process died or froze) at {tag}", posts)
 
     def _put(self, key: str, post: Post) -> None:
         blob = pickle.dumps(post, protocol=pickle.HIGHEST_PROTOCOL)
