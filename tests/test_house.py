@@ -1,5 +1,6 @@
 """The house rules that code review keeps forgetting: data flows one way (no import circles, lazy
-imports inside functions included), and no private name is imported from another module.
+imports inside functions included), no private name is imported from another module, and no module
+or function grows past what a reader holds at once (~400 and ~60 lines).
 
     python tests/test_house.py        # prints the import graph and the module sizes
 """
@@ -85,6 +86,30 @@ def test_no_private_name_is_imported_from_another_module():
     private = sorted(f"{mod} imports {name} from {target}" for mod, targets in imports().items()
                      for target, name in targets if name.startswith("_") and not name.startswith("__"))
     assert not private, "make these public where they are shared, or keep them in one module:\n" + "\n".join(private)
+
+
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 65  # ~60 of code, plus a signature and a docstring that wrap
+
+
+def too_long() -> List[str]:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            found.append(f"{_module_name(path)}: {len(text.splitlines())} lines (split it by role)")
+        for node in ast.walk(ast.parse(text, str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    found.append(f"{_module_name(path)}.{node.name}: {n} lines")
+    return found
+
+
+def test_no_module_or_function_too_long():
+    found = too_long()
+    assert not found, (f"over {MAX_MODULE_LINES} lines a module, {MAX_FUNCTION_LINES} a function:\n"
+                       + "\n".join(found))
 
 
 def main() -> None:
