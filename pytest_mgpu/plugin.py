@@ -143,6 +143,7 @@ def dist(request):
         device_ids=lease.ids if lease else (),
         deadline=item.stash.get(OUTER_TIMEOUT_KEY, None),
         deadline_source=item.stash.get(OUTER_SOURCE_KEY, ""),
+        invocation_dir=str(request.config.invocation_params.dir),
     )
     try:
         yield handle

@@ -19,6 +19,7 @@ from typing import List, Optional
 from .._context import RankContext, set_rank_context
 from .processes import become_subreaper, descendants, end_descendants
 from .protocol import RankOutcome, RankTask, safe_str, type_name
+from .rank_coverage import RankCoverage
 
 STACK_SIGNAL = signal.SIGUSR1
 _PR_SET_PDEATHSIG = 1
@@ -314,10 +315,15 @@ def rank_main(task: RankTask, conn) -> None:
         sys.stdout.flush()
         os._exit(3)
     init_s = time.perf_counter() - t0
+    # Under pytest --cov only; after joining, so the group forms as fast as without it. Saved before
+    # the outcome goes: the launcher may kill the rank as soon as it has it.
+    coverage = RankCoverage()
+    coverage.resume(task.env)
     send_outcome(conn, RankOutcome(rank=task.rank, ok=True, ready=True, init_s=init_s))
     outcome = run_call(task)
     outcome.init_s = init_s
     outcome.notes = leftover_note(task.rank, end_descendants())
+    coverage.pause()
     send_outcome(conn, outcome)
     sys.stdout.flush()
     sys.stderr.flush()
