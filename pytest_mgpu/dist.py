@@ -14,6 +14,7 @@ from .devices import DevicePlan
 from .launch.errors import RankFailure
 from .launch.protocol import pack_call
 from .launch.base import Launcher, LaunchSpec
+from .launch.rank_coverage import ranks_env
 from .settings import SettingsError, validate_timeout
 
 
@@ -42,6 +43,7 @@ class Dist:
     timeout_source: str = "--mgpu-timeout"  # where timeout_s came from: a marker, the option, the ini
     deadline_source: str = ""  # what sets ``deadline``, e.g. "pytest-timeout's limit of 4s"
     measurements: List[Any] = field(default_factory=list)  # timing.measure.Measurement, in call order
+    invocation_dir: str = ""  # where pytest started: anchors a relative coverage data file for ranks
 
     def __repr__(self) -> str:
         return f"<dist {self.plan.describe()}>"
@@ -130,6 +132,7 @@ class Dist:
             outer_deadline=self.deadline,
             outer_source=self.deadline_source,
             label=self.label,
+            env=ranks_env(self.invocation_dir),  # {} unless pytest --cov measures now: then ranks do too
         )
 
     def _effective_timeout(self, timeout: Optional[float]) -> Tuple[float, str]:

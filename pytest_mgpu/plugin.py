@@ -62,6 +62,14 @@ def pytest_unconfigure(config):
         _session(config).close()
 
 
+@pytest.hookimpl(optionalhook=True, tryfirst=True)  # firstresult: before xdist's own (CPU cores)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per GPU lease, None without GPUs (xdist decides); see ``workers``."""
+    from .workers import auto_workers
+
+    return auto_workers(config.getoption("markexpr", "") or "")
+
+
 def pytest_report_header(config):
     s = _session(config).settings
     return f"mgpu: fallback={s.fallback}, timeout={s.timeout_s:g}s, seed={s.seed}"
@@ -163,6 +171,7 @@ def dist(request):
         device_ids=lease.ids if lease else (),
         deadline=item.stash.get(OUTER_TIMEOUT_KEY, None),
         deadline_source=item.stash.get(OUTER_SOURCE_KEY, ""),
+        invocation_dir=str(request.config.invocation_params.dir),
     )
     try:
         yield handle

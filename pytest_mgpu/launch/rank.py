@@ -19,6 +19,7 @@ from typing import List, Optional
 from .._context import RankContext, set_rank_context
 from .processes import alive, become_subreaper, descendants, end_descendants
 from .protocol import RankOutcome, RankTask, safe_str, type_name
+from .rank_coverage import RankCoverage
 
 STACK_SIGNAL = signal.SIGUSR1
 _PR_SET_PDEATHSIG = 1
@@ -208,6 +209,39 @@ def init_rank(task: RankTask):
     return join_group(task)
 
 
+JOINED_KEY = "pytest_mgpu/joined"
+
+
+def count_joined(store, task: RankTask) -> None:
+    """Tell the peers this rank's ``init_process_group`` has returned (see ``wait_for_peers``)."""
+    import torch.distributed as dist
+
+    dist.PrefixStore(task.store_prefix, store).add(JOINED_KEY, 1)
+
+
+def wait_for_peers(store, task: RankTask) -> None:
+    """Before a fresh rank closes its sockets, wait until every peer has joined the group.
+
+    gloo's ``init_process_group`` can return on one rank while a peer is still inside
+    ``connectFullMesh``; a rank whose function returned at once then exited, and the peer failed with
+    "Connection closed by peer" while joining: 3 of about 430 fresh 2-rank calls of a function without
+    collectives on the loaded 2-core machine. Bounded by the group's own timeout; a store that is gone
+    (the test process ended) ends the wait."""
+    if task.world_size <= 1:
+        return
+    import torch.distributed as dist
+
+    end = time.monotonic() + task.pg_timeout_s
+    delay = 0.001
+    try:
+        joined = dist.PrefixStore(task.store_prefix, store)
+        while joined.add(JOINED_KEY, 0) < task.world_size and time.monotonic() < end:
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+    except Exception:
+        pass
+
+
 def run_call(task: RankTask) -> RankOutcome:
     """Import the user's function, unpickle its arguments, run it; never raises."""
     t0 = time.perf_counter()
@@ -264,19 +298,26 @@ def rank_main(task: RankTask, conn) -> None:
     detach(task.log_path, task.launcher_pid)
     t0 = time.perf_counter()
     try:
-        init_rank(task)
+        store = init_rank(task)
+        count_joined(store, task)
     except BaseException as exc:
         send_outcome(conn, error_outcome(task, exc, "init"))
         sys.stdout.flush()
         os._exit(3)
     init_s = time.perf_counter() - t0
+    # Under pytest --cov only; after joining, so the group forms as fast as without it. Saved before
+    # the outcome goes: the launcher may kill the rank as soon as it has it.
+    coverage = RankCoverage()
+    coverage.resume(task.env)
     send_outcome(conn, RankOutcome(rank=task.rank, ok=True, ready=True, init_s=init_s))
     outcome = run_call(task)
     outcome.init_s = init_s
     outcome.notes = leftover_note(task.rank, end_descendants())
+    coverage.pause()
     send_outcome(conn, outcome)
     sys.stdout.flush()
     sys.stderr.flush()
+    wait_for_peers(store, task)
     if outcome.ok:
         import torch.distributed as dist
 

@@ -21,6 +21,7 @@ from .collect import collect
 from .processes import alive, kill_tree
 from .protocol import FnRef, RankTask
 from .rank import rank_main
+from .rank_coverage import preload
 from .rendezvous import Rendezvous, StoreServer
 
 JOIN_S = 5.0  # how long a rank that sent its result gets to exit before it is killed
@@ -137,7 +138,7 @@ def _end_helper(obj, fd_name: str, pid_name: str, wait_s: float) -> bool:
 def forkserver_context(start_method: str = "forkserver"):
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
-        ctx.set_forkserver_preload(PRELOAD)
+        ctx.set_forkserver_preload(PRELOAD + preload())
     return ctx
 
 

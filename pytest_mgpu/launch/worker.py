@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Tuple
 from .protocol import FnRef, RankOutcome, RankTask
 from .hygiene import CallWatch
 from .rank import detach, error_outcome, join_group, prepare_rank, run_call, send_outcome
+from .rank_coverage import RankCoverage
 
 
 @dataclass
@@ -171,7 +172,7 @@ def worker_main(task: RankTask, conn) -> None:
     try:
         prepare_rank(task)
         store = join_group(task)
-        state = _WarmState(store, c10d._get_default_group(), Fresh.take(), CallWatch())
+        state = _WarmState(store, c10d._get_default_group(), Fresh.take(), CallWatch(), RankCoverage())
         gc.freeze()  # torch's own objects are permanent: per-call collections only see the test's
     except BaseException as exc:
         send_outcome(conn, error_outcome(task, exc, "init"))
@@ -194,6 +195,7 @@ class _WarmState:
     default_pg: object
     fresh: Fresh
     watch: CallWatch
+    coverage: RankCoverage  # measures each call under pytest --cov, saved after each (SIGKILL ends a pool)
 
 
 def _one_call(task: RankTask, call: PoolCall, state: _WarmState, conn) -> None:
@@ -221,6 +223,7 @@ def _one_call(task: RankTask, call: PoolCall, state: _WarmState, conn) -> None:
         send_outcome(conn, error_outcome(task, exc, "init"))
         os._exit(3)
     init_s = time.perf_counter() - t1
+    state.coverage.resume(call.env)
     state.watch.start()
     outcome = run_call(this)
     outcome.init_s = init_s
@@ -228,6 +231,7 @@ def _one_call(task: RankTask, call: PoolCall, state: _WarmState, conn) -> None:
     if outcome.ok:
         gc.collect()  # a DataLoader iterator the call dropped ends its workers itself
         outcome.notes = state.watch.finish(task.rank)
+    state.coverage.pause()
     send_outcome(conn, outcome)
     sys.stdout.flush()
     sys.stderr.flush()
