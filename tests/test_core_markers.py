@@ -116,6 +116,7 @@ def test_world_sizes_rejects_empty_and_repeats(pytester, sizes):
     result.stdout.fnmatch_lines(["*world_sizes*"])
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnknownMarkWarning")  # gpu3 is unknown on purpose
 def test_an_unknown_gpu_marker_and_minus_m_name_the_known_sizes(pytester):
     pytester.makepyfile(
         """
