@@ -156,7 +156,7 @@ class Sources:
             where = f"ini {opt.dest}"
             try:
                 value = self.ini(opt.dest)
-            except (TypeError, ValueError) as exc:  # pytest could not read it as its type
+            except Exception as exc:  # pytest could not read it as its type: ValueError, UsageError (9.2)
                 raise SettingsError(f"{where} must be a {opt.ini} ({exc})") from None
             if not _empty(value):
                 return Given(value, where)
