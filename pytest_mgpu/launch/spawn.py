@@ -13,6 +13,7 @@ import re
 import shutil
 import tempfile
 import time
+import weakref
 from typing import Dict, List, Optional
 
 from ..devices import usable_cpus
@@ -142,8 +143,8 @@ def forkserver_context(start_method: str = "forkserver"):
     return ctx
 
 
-_OPEN_LAUNCHERS: set = set()
-"""Launchers of this process not yet closed. The forkserver is one per process: a pytest session run
+_OPEN_LAUNCHERS: "weakref.WeakSet[SpawnLauncher]" = weakref.WeakSet()
+"""Launchers of this process not yet closed (weakly: one dropped without close() holds nothing up). The forkserver is one per process: a pytest session run
 in-process inside another (pytester's ``runpytest``) must not stop it under the outer session, whose
 warm ranks would then all read as "died: exit code 255" (their exit status comes through it)."""
 
@@ -155,7 +156,7 @@ class SpawnLauncher:
         self._store = store or StoreServer()
         self._ctx = forkserver_context(start_method)
         self._live: Dict[int, mp.Process] = {}
-        _OPEN_LAUNCHERS.add(id(self))
+        _OPEN_LAUNCHERS.add(self)
 
     # -- public -------------------------------------------------------------------------------
     def run(self, spec: LaunchSpec, fn: FnRef, payload: bytes) -> LaunchResult:
@@ -213,6 +214,6 @@ class SpawnLauncher:
         for p in self._live.values():
             p.join(JOIN_S)
         self._live.clear()
-        _OPEN_LAUNCHERS.discard(id(self))
+        _OPEN_LAUNCHERS.discard(self)
         if not _OPEN_LAUNCHERS:
             stop_forkserver()
