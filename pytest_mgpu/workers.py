@@ -40,3 +40,12 @@ def auto_workers(markexpr: str = "") -> Optional[int]:
     if only and only.group(1) in MARKERS:
         workers = gpus // MARKERS[only.group(1)]
     return max(1, min(workers, usable_cpus()))
+
+
+def under_xdist(config) -> bool:
+    """Whether this pytest runs with pytest-xdist (the controller with -n/--dist/--tx, or a worker):
+    tests then run at once and share the cores (timing warns), and cannot run inside a torchrun job."""
+    opt = config.option
+    return bool(getattr(opt, "numprocesses", None) or getattr(opt, "dist", "no") not in (None, "no")
+                or getattr(opt, "tx", None) or hasattr(config, "workerinput")
+                or os.environ.get("PYTEST_XDIST_WORKER"))

@@ -8,7 +8,6 @@ Public pytest API only.
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import warnings
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 from .. import __version__
 from ..settings import TIMING_OPTIONS, SettingsError, add_options, resolve_timing
 from .baselines import check_writable
+from ..workers import under_xdist
 from .state import TimingState
 
 
@@ -32,13 +32,6 @@ class TimingRegressionWarning(UserWarning):
 
 def addoption(parser) -> None:
     add_options(parser, parser.getgroup("mgpu"), TIMING_OPTIONS)
-
-
-def _under_xdist(config) -> bool:
-    opt = config.option
-    return bool(getattr(opt, "numprocesses", None) or getattr(opt, "dist", "no") not in (None, "no")
-                or getattr(opt, "tx", None) or hasattr(config, "workerinput")
-                or os.environ.get("PYTEST_XDIST_WORKER"))
 
 
 def git_commit(where: Path) -> Optional[str]:
@@ -70,7 +63,7 @@ class TimingPlugin:
                                      config.invocation_params.dir)
         except SettingsError as exc:
             raise pytest.UsageError(str(exc)) from None
-        shared = _under_xdist(config)
+        shared = under_xdist(config)
         if options.save and shared and not hasattr(config, "workerinput"):
             raise pytest.UsageError(
                 "--mgpu-save-baselines cannot be used with -n/--dist: tests running at once share the cores "

@@ -18,6 +18,7 @@ import pytest
 from ..errors import RankFailure
 from .agree import TEXT_LIMIT, PhaseRecord, Verdict
 from .detect import ENV_MODE, MODES, ExternalError, detect
+from ...workers import under_xdist
 from .session import ExternalSession
 
 EXTERNAL_KEY = pytest.StashKey["ExternalPlugin"]()
@@ -32,12 +33,6 @@ def addoption(parser) -> None:
     group.addoption("--mgpu-rank-logs", dest="mgpu_rank_logs", metavar="DIR", default=None,
                     help="under torchrun/srun, where ranks other than 0 write their pytest output "
                     "(default: <tmp>/pytest-mgpu-<job>/rankN.log); rank 0 reports for all")
-
-
-def _under_xdist(config) -> bool:
-    return bool(getattr(config.option, "numprocesses", None)
-                or getattr(config.option, "dist", "no") not in (None, "no")
-                or getattr(config.option, "tx", None) or os.environ.get("PYTEST_XDIST_WORKER"))
 
 
 class ExternalPlugin:
@@ -64,7 +59,7 @@ class ExternalPlugin:
             raise pytest.UsageError(str(exc)) from None
         if world is None or ExternalSession.current is not None:  # not launched, or a nested in-process run
             return
-        if _under_xdist(config):
+        if under_xdist(config):
             raise pytest.UsageError(
                 f"pytest-xdist (-n/--dist) cannot run inside a {world.launcher} job: the launcher already "
                 "started one pytest per rank, and every rank must run the same tests in the same order. "
