@@ -55,6 +55,9 @@ def pytest_configure(config):
     from .launch.external.plugin import ExternalPlugin
 
     ExternalPlugin.configure(config, session)
+    from .requirement import Requirement, RequirePlugin
+
+    RequirePlugin.configure(config, session, Requirement(settings.require_gpus, settings.require_source))
 
 
 def pytest_unconfigure(config):
@@ -97,6 +100,7 @@ def pytest_runtest_setup(item):
         item.user_properties.append(("mgpu_skipped", (world_size, _skip_fix(item.config, world_size))))
         raise pytest.skip.Exception(plan.skip_reason, _use_item_location=True)  # report the test, not us
     item.user_properties.append(("mgpu_plan", plan.describe()))
+    item.user_properties.append(("mgpu_world_size", plan.world_size))
     item.user_properties.append(("mgpu_emulated", plan.emulated))
 
 
@@ -221,6 +225,7 @@ class _Recorder:
             nodeid=report.nodeid,
             plan=str(props.get("mgpu_plan", "")),
             emulated=bool(props.get("mgpu_emulated", False)),
+            world_size=int(props.get("mgpu_world_size", 0)),
             calls=int(props["mgpu_calls"]),
             startup_s=list(props.get("mgpu_startup_s", [])),
         )

@@ -20,6 +20,7 @@ class TestRecord:
     nodeid: str
     plan: str
     emulated: bool
+    world_size: int
     calls: int
     startup_s: List[float]
 

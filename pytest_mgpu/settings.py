@@ -26,6 +26,7 @@ from .timing.rule import DEFAULT_THRESHOLD
 
 ENV_FALLBACK: Final = "PYTEST_MGPU_FALLBACK"
 ENV_ISOLATE: Final = "PYTEST_MGPU_ISOLATE"
+ENV_REQUIRE_GPUS: Final = "PYTEST_MGPU_REQUIRE_GPUS"
 DEFAULT_TIMEOUT_S: Final = 300.0
 DEFAULT_TIMEOUT_SOURCE: Final = f"the default --mgpu-timeout of {DEFAULT_TIMEOUT_S:g}s"
 DEFAULT_SEED: Final = 0
@@ -80,7 +81,13 @@ ISOLATE = Option(
     f"mgpu_isolate, ini mgpu_isolate, env {ENV_ISOLATE}=1)",
     ini="bool", ini_help="true: fresh rank processes for every call", env=ENV_ISOLATE,
     cli={"action": "store_const", "const": "1"})
-CORE_OPTIONS: Final = (FALLBACK, TIMEOUT, SEED, MAX_CPU_RANKS, ISOLATE)
+REQUIRE_GPUS = Option(
+    "mgpu_require_gpus", "--mgpu-require-gpus",
+    "fail the session when fewer than N GPUs are visible, or when a gpuK test with K <= N did not get "
+    f"its GPUs (skipped or emulated on CPU): for GPU runners (ini mgpu_require_gpus, env {ENV_REQUIRE_GPUS}; "
+    "0: no requirement)",
+    ini_help="GPUs this runner must have: see --mgpu-require-gpus", env=ENV_REQUIRE_GPUS, cli={"metavar": "N"})
+CORE_OPTIONS: Final = (FALLBACK, TIMEOUT, SEED, MAX_CPU_RANKS, ISOLATE, REQUIRE_GPUS)
 
 BASELINES = Option(
     "mgpu_baselines", "--mgpu-baselines",
@@ -193,6 +200,13 @@ def at_least_one(given: Given, default: int) -> int:
     return value
 
 
+def at_least_zero(given: Given, default: int) -> int:
+    value = integer(given, default)
+    if value < 0:
+        raise SettingsError(f"{given.where} must be 0 or more, got {given.value!r}")
+    return value
+
+
 def boolean(given: Given) -> bool:
     if given.value is None:
         return False
@@ -242,6 +256,8 @@ class Settings:
     seed: int = DEFAULT_SEED
     max_cpu_ranks: int = DEFAULT_MAX_CPU_RANKS
     isolate: bool = False  # fresh rank processes for every call instead of warm ones
+    require_gpus: int = 0  # fail the session when the runner lacks these GPUs (0: no requirement)
+    require_source: str = "default"  # where require_gpus came from, for the failure message
 
 
 def resolve(option: Callable[[str], object], ini: Callable[[str], object],
@@ -254,6 +270,7 @@ def resolve(option: Callable[[str], object], ini: Callable[[str], object],
     else:
         seconds = validate_timeout(timeout.value, timeout.where, text_ok=True)
         source = f"{timeout.where}={seconds:g}"
+    require = src.pick(REQUIRE_GPUS)
     return Settings(
         fallback=choice(src.pick(FALLBACK), FALLBACKS, "skip"),
         timeout_s=seconds,
@@ -261,6 +278,8 @@ def resolve(option: Callable[[str], object], ini: Callable[[str], object],
         seed=integer(src.pick(SEED), DEFAULT_SEED),
         max_cpu_ranks=at_least_one(src.pick(MAX_CPU_RANKS), DEFAULT_MAX_CPU_RANKS),
         isolate=boolean(src.pick(ISOLATE)),
+        require_gpus=at_least_zero(require, 0),
+        require_source=require.where,
     )
 
 
