@@ -26,7 +26,7 @@ from .rank_coverage import preload
 from .rendezvous import Rendezvous, StoreServer
 
 JOIN_S = 5.0  # how long a rank that sent its result gets to exit before it is killed
-PRELOAD = ["numpy", "torch", "torch.distributed", "pytest_mgpu.launch.rank", "pytest_mgpu.launch.worker"]
+PRELOAD = ["numpy", "torch", "torch.distributed", "torchvision", "torch.distributed.fsdp", "torch.distributed.pipelining", "torch.distributed.tensor.parallel", "pytest_mgpu.launch.rank", "pytest_mgpu.launch.worker"]
 
 
 def threads_per_rank(nprocs: int) -> int:
@@ -136,7 +136,18 @@ def _end_helper(obj, fd_name: str, pid_name: str, wait_s: float) -> bool:
         time.sleep(0.01)
 
 
+# OpenMP's default wait policy spins before it sleeps. With 2 intra-op threads and any other runnable
+# process on the cores, a thread spins through its time slice waiting for one that is not scheduled,
+# at every parallel op: measured on the 2-core CI machine at load ~3, a MobileNetV2 step (batch 16,
+# 32 px) took 151 ms on 1 thread and 4,038 ms on 2 (ACTIVE: 7,997 ms; PASSIVE: 292 ms), and a
+# pipelined ResNet step ran past the call's limit "in backward". PASSIVE keeps 2 threads useful on a
+# loaded runner. libgomp reads it once, when torch is imported: so it is set for the forkserver (a
+# fresh interpreter started with this environment) before it imports torch; a user's value wins.
+WAIT_POLICY = ("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def forkserver_context(start_method: str = "forkserver"):
+    os.environ.setdefault(*WAIT_POLICY)
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
         ctx.set_forkserver_preload(PRELOAD + preload())
