@@ -1,4 +1,5 @@
-"""Single device vs DataParallel vs DDP step time, MobileNetV2 and ResNet50 over batch sizes (seed 000).
+"""Single device vs DataParallel vs DDP step time, MobileNetV2 and ResNet50 over batch sizes (seed 000;
+ResNet18 in place of ResNet50 on CPU ranks: ``timing_models.ARCHS``).
 
 Each case is a row of the timing report, grouped by model and batch ("resnet50-b16"), so the report
 shows DP's and DDP's speed-up over the one-device row and the scaling efficiency. The batch is the

@@ -2,8 +2,9 @@
 
 The reference finds model parallel ~7% slower than one GPU (one half idles while the other works)
 and pipelining up to ~50% faster, best at split size 20 of a 120 batch. All rows form the group
-"resnet50-pipeline"; the report adds the split-size curve when plots are asked for. On emulated
-CPU ranks both halves share the CPU, so the curve shows the cost of micro-batching, not its gain.
+"<arch>-pipeline"; the report adds the split-size curve when plots are asked for. On emulated
+CPU ranks both halves share the CPU, so the curve shows the cost of micro-batching, not its gain,
+and the model is ResNet18 (``timing_models.PIPELINE_ARCH``: the same cut, a third of the time).
 """
 import pytest
 
@@ -11,7 +12,8 @@ from suites import timing_models as tm
 
 S = tm.PIPELINE
 BATCH = S.batches[0]
-GROUP = "resnet50-pipeline"
+ARCH = tm.PIPELINE_ARCH
+GROUP = f"{ARCH}-pipeline"
 
 
 def _skip_if_needed(dist):
@@ -22,7 +24,7 @@ def _skip_if_needed(dist):
 @pytest.mark.gpu1
 def test_whole_model(dist):
     _skip_if_needed(dist)
-    m = dist.benchmark(tm.resnet50_whole_step, BATCH, S.image, strategy="single", group=GROUP,
+    m = dist.benchmark(tm.resnet_whole_step, BATCH, S.image, 1000, ARCH, strategy="single", group=GROUP,
                        batch_size=BATCH, **S.bench_kwargs())
     assert len(m.samples) >= 5
 
@@ -30,7 +32,7 @@ def test_whole_model(dist):
 @pytest.mark.gpu2
 def test_model_parallel(dist):
     _skip_if_needed(dist)
-    m = dist.benchmark(tm.resnet50_split_step, BATCH, S.image, None, strategy="model_parallel", group=GROUP,
+    m = dist.benchmark(tm.resnet_split_step, BATCH, S.image, None, 1000, ARCH, strategy="model_parallel", group=GROUP,
                        batch_size=BATCH, single_process=True, **S.bench_kwargs())
     assert m.task.processes == 1 and len(m.samples) >= 5
 
@@ -42,7 +44,7 @@ def test_pipelined(dist, split_size):
     if split_size > BATCH:
         pytest.skip(f"split size {split_size} > batch {BATCH} at {S.name} scale: one micro-batch, the same "
                     "step as test_model_parallel")
-    m = dist.benchmark(tm.resnet50_split_step, BATCH, S.image, split_size, strategy="pipeline", group=GROUP,
+    m = dist.benchmark(tm.resnet_split_step, BATCH, S.image, split_size, 1000, ARCH, strategy="pipeline", group=GROUP,
                        params={"split_size": split_size}, batch_size=BATCH, single_process=True,
                        **S.bench_kwargs())
     assert m.task.processes == 1 and len(m.samples) >= 5

@@ -46,13 +46,20 @@ def _multi(sizes=(2, 4, 8)) -> Tuple[int, ...]:
 
 
 ON_GPU = cuda_count() > 0
-ARCHS = ("mobilenet_v2", "resnet50")
+# seed 000: a small and a large model. On CPU the large one is ResNet18: ResNet50's DDP step there is
+# dominated by gloo's all-reduce of 100 MB of gradients (323 of 423 ms at batch 16 on 2 ranks), which
+# measures the loopback, not the model, and cost the suites 13 s of their 114 s.
+ARCHS = ("mobilenet_v2", "resnet50") if ON_GPU else ("mobilenet_v2", "resnet18")
 # seed 000: batch sizes up to 256 on 4 GPUs; on CPU two small batches at 32 px, one warmup iteration
 DP_DDP = (Scale("gpu", 224, (32, 64, 128, 256), _multi(), 2.0) if ON_GPU
           else Scale("cpu", 32, (8, 16), (2,), 0.4, warmup=1))
-# seed 004: batch 120 at 128 px, split sizes 1..60; on CPU batch 12 at 36 px (the smallest input for
-# which a one-sample micro-batch keeps 2x2 pixels in layer4, as BatchNorm needs in train mode)
+# seed 004: ResNet50, batch 120 at 128 px, split sizes 1..60; on CPU ResNet18 (the same cut after
+# layer2), batch 12 at 36 px (the smallest input for which a one-sample micro-batch keeps 2x2 pixels in
+# layer4, as BatchNorm needs in train mode). On CPU both halves share the cores, so the curve shows the
+# cost of micro-batching, not its gain; with ResNet50 its 8 rows took 32 s of the suites' 114 s (split
+# size 1: 1.36 s a step, past the call limit under load 8), with ResNet18 about a third of that.
 SPLIT_SIZES = (1, 3, 5, 8, 10, 12, 20, 40, 60)
+PIPELINE_ARCH = "resnet50" if ON_GPU else "resnet18"
 PIPELINE = Scale("gpu", 128, (120,), (2,), 2.0) if ON_GPU else Scale("cpu", 36, (12,), (2,), 0.4, warmup=1)
 # FSDP vs DDP with Adam (optimizer state is what sharding saves most of): ResNet50 on GPUs, ResNet18
 # on CPU (DDP's gloo all-reduce of ResNet50's 100 MB of gradients takes ~1.5 s a step on 2 cores)
@@ -156,15 +163,15 @@ def fsdp_step(arch: str, batch: int, image: int, optimizer: str = "adam"):
 
 
 # -- model parallel and pipelining (seed 004) ----------------------------------------------------------
-class ModelParallelResNet50(nn.Module):
-    """ResNet50 cut after layer2: conv1..layer2 on ``dev0``, layer3..fc on ``dev1``. With
-    ``split_size`` the batch is cut into micro-batches so that both halves work at once."""
+class ModelParallelResNet(nn.Module):
+    """Seed 004's ModelParallelResNet50, for any torchvision ResNet: cut after layer2, conv1..layer2 on
+    ``dev0``, layer3..fc on ``dev1``. With ``split_size`` the batch is cut into micro-batches so that
+    both halves work at once."""
 
-    def __init__(self, dev0, dev1, num_classes: int = 1000, split_size: Optional[int] = None):
+    def __init__(self, dev0, dev1, num_classes: int = 1000, split_size: Optional[int] = None,
+                 arch: str = "resnet50"):
         super().__init__()
-        import torchvision
-
-        base = torchvision.models.resnet50(num_classes=num_classes)
+        base = classifier(arch, num_classes)
         self.dev1 = dev1
         self.split_size = split_size
         self.seq1 = nn.Sequential(base.conv1, base.bn1, base.relu, base.maxpool, base.layer1, base.layer2).to(dev0)
@@ -195,13 +202,14 @@ def _mse_step(model, batch: int, image: int, in_dev, num_classes: int):
     return _train_step(model, opt, x, y, nn.functional.mse_loss)
 
 
-def resnet50_whole_step(batch: int, image: int, num_classes: int = 1000):
+def resnet_whole_step(batch: int, image: int, num_classes: int = 1000, arch: str = "resnet50"):
     dev = rank_device()
-    model = classifier("resnet50", num_classes).to(dev)
+    model = classifier(arch, num_classes).to(dev)
     return _mse_step(model, batch, image, dev, num_classes)
 
 
-def resnet50_split_step(batch: int, image: int, split_size: Optional[int] = None, num_classes: int = 1000):
+def resnet_split_step(batch: int, image: int, split_size: Optional[int] = None, num_classes: int = 1000,
+                      arch: str = "resnet50"):
     """Model parallel (``split_size=None``) or pipelined, on the first and last of the process's
     GPUs; on emulated CPU ranks both halves live on the CPU."""
     ctx = rank_context()
@@ -209,5 +217,5 @@ def resnet50_split_step(batch: int, image: int, split_size: Optional[int] = None
         dev0, dev1 = torch.device("cuda", ctx.devices[0]), torch.device("cuda", ctx.devices[-1])
     else:
         dev0 = dev1 = torch.device("cpu")
-    model = ModelParallelResNet50(dev0, dev1, num_classes, split_size)
+    model = ModelParallelResNet(dev0, dev1, num_classes, split_size, arch)
     return _mse_step(model, batch, image, dev0, num_classes)
