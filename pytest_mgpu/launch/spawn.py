@@ -136,10 +136,22 @@ def _end_helper(obj, fd_name: str, pid_name: str, wait_s: float) -> bool:
         time.sleep(0.01)
 
 
+PRELOAD_ALSO: List[str] = []
+"""Modules a capability asks the forkserver to import as well (``preload_also``): the simulated tier's
+FSDP2, tensor parallel and fake process group imports (1.7 s per fresh process, measured)."""
+
+
+def preload_also(modules: List[str]) -> None:
+    """Have the forkserver import ``modules`` too. It takes effect only if the forkserver has not
+    started yet (its preload is read once, at start); a rank imports what is missing itself."""
+    PRELOAD_ALSO.extend(m for m in modules if m not in PRELOAD_ALSO)
+    forkserver_context()
+
+
 def forkserver_context(start_method: str = "forkserver"):
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
-        ctx.set_forkserver_preload(PRELOAD + preload())
+        ctx.set_forkserver_preload(PRELOAD + PRELOAD_ALSO + preload())
     return ctx
 
 
