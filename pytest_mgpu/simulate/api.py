@@ -14,6 +14,7 @@ from typing import Optional
 
 from ..launch.errors import RankFailure
 from ..launch.protocol import pack_call
+from ..settings import SettingsError
 from . import context
 from .result import Simulation
 
@@ -34,7 +35,10 @@ def simulate(fn, *args, world_size: int, rank: int = 0, timeout: Optional[float]
 
     _check_shape(world_size, rank)
     defaults = context.current()
-    seconds, source = timeout_of(timeout, defaults)  # a bad timeout is refused before anything starts
+    try:
+        seconds, source = timeout_of(timeout, defaults)  # a bad limit is refused before anything starts
+    except SettingsError as exc:
+        raise SettingsError(str(exc)) from None  # the test's line, not our frames
     ref, payload = pack_call(fn, args, kwargs, caller="simulate")
     from .inrank import SimCall
 

@@ -26,10 +26,11 @@ class CallDefaults:
     invocation_dir: str = ""
     launcher: Optional[Callable[[], Any]] = None  # the session's fresh-process launcher, when there is one
     done: List[Any] = field(default_factory=list)  # this test's Simulations, for the session's table
+    problem: str = ""  # the test's mgpu_timeout marker is malformed: said when simulate() needs it
 
-    def for_test(self, label: str, timeout_s: float, timeout_source: str) -> "CallDefaults":
+    def for_test(self, label: str, timeout_s: float, timeout_source: str, problem: str = "") -> "CallDefaults":
         return replace(self, label=label, timeout_s=timeout_s, timeout_source=timeout_source, outer_deadline=None,
-                       outer_source="", done=[])
+                       outer_source="", done=[], problem=problem)
 
 
 _STACK: List[CallDefaults] = []  # sessions (pytester runs one inside another), then the running test

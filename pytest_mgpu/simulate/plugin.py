@@ -51,11 +51,11 @@ class SimulatePlugin:
     @pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outside pytest-timeout's, which arms the timer
     def pytest_runtest_protocol(self, item, nextitem):
         try:
-            found = markers.marker_timeout(item)
-        except markers.MarkerError:
-            found = None  # the dist fixture fails the test with the reason; simulate() keeps the option's
+            found, problem = markers.marker_timeout(item), ""
+        except markers.MarkerError as exc:
+            found, problem = None, f"{item.nodeid}: {exc}"  # said by simulate() when it needs the limit
         seconds, source = found or (self.defaults.timeout_s, self.defaults.timeout_source)
-        test = self.defaults.for_test(item.nodeid, seconds, source)
+        test = self.defaults.for_test(item.nodeid, seconds, source, problem)
         context.push(test)
         try:
             yield

@@ -6,12 +6,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Iterator, List, Sequence
 
+from ..timing.measure import fmt_time
+
 # Short names for the table's cells (the full names are the keys of ``Simulation.collectives``).
 ABBREVIATIONS = {
     "all_gather_into_tensor": "AG", "reduce_scatter_tensor": "RS", "all_reduce": "AR",
     "all_to_all_single": "A2A", "broadcast": "BC", "all_gather": "AG*", "reduce_scatter": "RS*",
     "all_gather_into_tensor_coalesced": "AGc", "reduce_scatter_tensor_coalesced": "RSc",
-    "all_reduce_coalesced": "ARc", "send": "send", "recv": "recv", "barrier": "barrier",
+    "all_reduce_coalesced": "ARc",
 }
 
 
@@ -108,7 +110,7 @@ class Simulation:
         from tabulate import tabulate
 
         head = (f"simulate({self.fn}): rank {self.rank} of {self.world_size}, fake process group on cpu; "
-                f"fn {self.wall_s:.3g} s, call {self.call_s:.3g} s")
+                f"fn {fmt_time(self.wall_s)}, call {fmt_time(self.call_s)}")
         names = sorted({n for s in self.steps for n in s.collectives} | set(self.collectives))
         headers = ["step"] + names + ["sent", "peak", "params", "grads", "optimizer", "wall"]
         rows = [self._row(s.name, s.collectives, s.comm_bytes, s.peak_bytes, s.memory, s.wall_s, names)
@@ -123,7 +125,7 @@ class Simulation:
              names: Sequence[str]) -> List[str]:
         return ([name] + [str(counts.get(n, 0)) for n in names]
                 + [fmt_bytes(sent), fmt_bytes(peak), fmt_bytes(memory.params), fmt_bytes(memory.grads),
-                   fmt_bytes(memory.optimizer), f"{wall:.3g} s"])
+                   fmt_bytes(memory.optimizer), fmt_time(wall)])
 
     def summary_row(self) -> Dict[str, Any]:
         """Plain data for the session's table of simulations (crosses xdist as JSON)."""

@@ -87,6 +87,10 @@ def relabel(failure: RankFailure, call: SimCall, spec: LaunchSpec) -> RankFailur
 def timeout_of(timeout: Optional[float], defaults: CallDefaults):
     """``simulate(timeout=)`` beats the test's marker, which beats the option (as for ``dist.run``)."""
     if timeout is None:
+        if defaults.problem:
+            from ..settings import SettingsError
+
+            raise SettingsError(defaults.problem)
         return defaults.timeout_s, defaults.timeout_source
     from ..settings import validate_timeout
 
