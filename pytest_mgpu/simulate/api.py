@@ -17,6 +17,7 @@ from ..launch.protocol import pack_call
 from ..settings import SettingsError
 from . import context
 from .result import Simulation
+from .steps import step
 
 
 def simulate(fn, *args, world_size: int, rank: int = 0, timeout: Optional[float] = None,
@@ -57,6 +58,9 @@ def simulate(fn, *args, world_size: int, rank: int = 0, timeout: Optional[float]
                      fn=ref.qualname)
     defaults.done.append(sim)
     return sim
+
+
+simulate.step = step  # type: ignore[attr-defined]  # pytest_mgpu.simulate.step("name"), where the name is the function
 
 
 class SimulateError(ValueError):

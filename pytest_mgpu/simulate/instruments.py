@@ -79,7 +79,8 @@ class Instruments(_dispatch_mode()):  # type: ignore[misc]
         wire = self._ops.get(getattr(func, "_overloadpacket", None))
         if wire is not None:
             self._count(wire, sent_bytes(wire, args))
-        self._track(out)
+        if not getattr(func, "is_view", False):  # a view shares its input's storage: nothing new
+            self._track(out)
         return out
 
     def _count(self, wire: Wire, sent: int) -> None:

@@ -131,14 +131,14 @@ def sent_bytes(wire: Wire, args: Sequence[Any]) -> int:
         return 0
     tensors = _tensors(args[wire.tensors_at]) if len(args) > wire.tensors_at else []
     size = sum(t.numel() * t.element_size() for t in tensors)
-    if wire.kind == "whole":
-        return size
     if wire.size_at is not None and len(args) > wire.size_at:
         n = int(args[wire.size_at])
     else:
         n = _group_size(args[wire.group_at]) if len(args) > wire.group_at else 1
-    if n <= 1:
+    if n <= 1:  # a group of one sends nothing, whatever the op
         return 0
+    if wire.kind == "whole":
+        return size
     if wire.kind == "gather":
         return (n - 1) * size
     if wire.kind == "scatter":
