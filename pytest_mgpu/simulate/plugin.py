@@ -62,15 +62,20 @@ class SimulatePlugin:
         finally:
             context.pop(test)
 
-    @pytest.hookimpl(optionalhook=True)
+    @pytest.hookimpl(optionalhook=True, tryfirst=True)  # firstresult: before pytest-timeout's own
     def pytest_timeout_set_timer(self, item, settings):
-        """pytest-timeout arms its timer: a simulation is cut before it fires, as a dist call is."""
+        """pytest-timeout arms its timer: a simulation is cut before it fires, as a dist call is; a
+        simulate-marked test's forkserver starts first (2-4 s: not the test's time)."""
         if settings.timeout and settings.timeout > 0:
             import time
 
             test = context.current()
             if test is self.defaults:
                 return None
+            if item.get_closest_marker(markers.SIMULATE):
+                from .runner import warm_up
+
+                warm_up(test)
             where = "@pytest.mark.timeout" if item.get_closest_marker("timeout") else "--timeout / ini timeout"
             test.outer_deadline = time.monotonic() + settings.timeout
             test.outer_source = f"pytest-timeout's limit of {settings.timeout:g}s ({where})"

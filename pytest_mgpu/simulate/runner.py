@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import os
 from typing import Optional
 
 from ..launch.base import LaunchResult, LaunchSpec
+from ..launch.collect import START_LIMIT_S
 from ..launch.errors import RankFailure
 from ..launch.protocol import pack_call
 from ..launch.rank_coverage import ranks_env
@@ -35,6 +37,17 @@ def launcher(defaults: CallDefaults):
         _OWN = SpawnLauncher()
         atexit.register(close_own)
     return _OWN
+
+
+def warm_up(defaults: CallDefaults) -> None:
+    """Start the forkserver and wait until it can fork (its preload: 2-6 s), before an outer timer
+    (pytest-timeout) starts; ``SpawnLauncher.prewarm`` only starts it."""
+    from ..launch.spawn import forkserver_context
+
+    launcher(defaults).prewarm(None)
+    probe = forkserver_context().Process(target=os.getpid, name="mgpu-warm-up", daemon=True)
+    probe.start()
+    probe.join(START_LIMIT_S)
 
 
 def close_own() -> None:
@@ -66,19 +79,26 @@ def run(call: SimCall, defaults: CallDefaults, timeout_s: float, timeout_source:
         raise relabel(failure, call, spec) from None
 
 
-HANG_HINT = ("Hint: the fake process group's collectives return at once, so a simulated rank that does not "
-             "finish is stuck in its own code (a loop that waits for data a fake collective never brings). "
-             "If the work is just slow, raise the limit ({source}): simulate(..., timeout=S), "
+HANG = ("Hint: the fake process group's collectives return at once, so a simulated rank that does not finish "
+        "is stuck in its own code (a loop that waits for data a fake collective never brings). ")
+OWN_LIMIT = ("If the work is just slow, raise the limit ({source}): simulate(..., timeout=S), "
              "@pytest.mark.mgpu_timeout(S) or --mgpu-timeout.")
+OUTER_LIMIT = ("The call was cut short by {outer}, not by pytest-mgpu's own limit ({seconds:g}s from {source}): if "
+               "the work is just slow, raise pytest-timeout's limit (--timeout, or @pytest.mark.timeout).")
+_OWN_FRAMES = os.sep + "pytest_mgpu" + os.sep + "simulate" + os.sep
 
 
 def relabel(failure: RankFailure, call: SimCall, spec: LaunchSpec) -> RankFailure:
-    """The launcher's failure of its one rank, told as the simulated rank's."""
+    """The launcher's failure of its one rank, told as the simulated rank's; a hang is explained for a
+    group whose collectives never block, and the simulated rank's own frames leave its stack."""
     problems = [dataclasses.replace(p, rank=call.rank) for p in failure.problems]
     hint = failure.hint
-    outer_fired = bool(spec.outer_source) and spec.outer_source in hint
-    if any(p.kind == "hung" for p in problems) and not outer_fired:
-        hint = HANG_HINT.format(source=spec.timeout_source)
+    if any(p.kind == "hung" for p in problems):
+        for p in problems:
+            p.detail = "\n".join(line for line in p.detail.splitlines() if _OWN_FRAMES not in line)
+        outer = bool(spec.outer_source) and spec.outer_source in hint
+        hint = HANG + (OUTER_LIMIT.format(outer=spec.outer_source, seconds=spec.timeout_s, source=spec.timeout_source)
+                       if outer else OWN_LIMIT.format(source=spec.timeout_source))
     relabeled = RankFailure(spec.label, problems, hint)
     relabeled.logs = failure.logs
     return relabeled
