@@ -32,6 +32,9 @@ FRESH = ("import torch, torch.distributed as d; import torch.distributed.fsdp, t
          "d.init_process_group('fake', store=FakeStore(), rank=0, world_size=1024)")
 
 
+LAYERS = 2  # as suites/test_simulate.py
+
+
 def noop():
     return None
 
@@ -70,8 +73,8 @@ def child(mode: str, budget: float, min_calls: int) -> dict:
         from suites import sim_models as S
 
         out = {}
-        for name, fn, args, kwargs in (("fsdp2 1024", S.fsdp_step, (), {"layers": 4}),
-                                       ("tp8 x fsdp128", S.tp_fsdp_step, (8,), {"layers": 4}),
+        for name, fn, args, kwargs in (("fsdp2 1024", S.fsdp_step, (), {"layers": LAYERS}),
+                                       ("tp8 x fsdp128", S.tp_fsdp_step, (8,), {"layers": LAYERS}),
                                        ("resnet50 fsdp2 64", S.resnet50_fsdp_step, (), {})):
             world = 64 if "resnet" in name else 1024
             out[name] = _calls(lambda: simulate(fn, *args, world_size=world, **kwargs), budget / 3, 1)
@@ -94,11 +97,11 @@ def instrument_overhead(budget: float, min_calls: int) -> dict:
     tdist.init_process_group("fake", store=FakeStore(), rank=0, world_size=1024)
     out = {}
     for name, fn, args in (("fsdp2 1024", S.fsdp_step, ()), ("tp8 x fsdp128", S.tp_fsdp_step, (8,))):
-        fn(*args, layers=4)  # warm: first-use costs (imports, sharding caches) are not the mode's
+        fn(*args, layers=LAYERS)  # warm: first-use costs (imports, sharding caches) are not the mode's
         for label, mode in (("plain", contextlib.nullcontext), ("counted", Instruments)):
             def once():
                 with mode():
-                    fn(*args, layers=4)
+                    fn(*args, layers=LAYERS)
             out[f"{name} {label}"] = _calls(once, budget / 4, min_calls)
     return out
 

@@ -184,14 +184,16 @@ def resnet50_fsdp_step(batch: int = 2, size: int = 32) -> Dict[str, int]:
 
 def counted(fn, *args, **kwargs):
     """Run ``fn`` on a real rank under PyTorch's own ``CommDebugMode``: its collective counts (public
-    names) and its value. An independent count to hold the simulated tier's against."""
+    names), an independent count to hold the simulated tier's against; and its value, with the peak
+    tensor memory the simulated tier's tracker sees on this real rank."""
     from torch.distributed.tensor.debug import CommDebugMode
 
+    from pytest_mgpu.simulate.instruments import Instruments
     from pytest_mgpu.simulate.wire import public_name
 
-    with CommDebugMode() as mode:
+    with CommDebugMode() as mode, Instruments() as tracker:
         value = fn(*args, **kwargs)
-    return {public_name(str(op)): n for op, n in mode.get_comm_counts().items()}, value
+    return {public_name(str(op)): n for op, n in mode.get_comm_counts().items()}, dict(value, peak=tracker.whole.peak)
 
 
 def counted_plans(tp: int) -> Dict[str, Any]:

@@ -93,7 +93,7 @@ def test_resnet50_under_fsdp2():
 @world_sizes(2, 4)
 def test_simulated_rank_matches_the_real_tier(dist):
     """The same step on real ranks (gloo here) and on a simulated rank of as many: the collectives a
-    step issues and the bytes a rank holds are the same; only the data differ."""
+    step issues, the bytes a rank holds after it and its peak are the same; only the data differ."""
     n = dist.world_size
     tp = 2
     real = dist.run(S.counted_plans, tp)
@@ -101,11 +101,14 @@ def test_simulated_rank_matches_the_real_tier(dist):
     for plan, fn, args in (("fsdp", S.fsdp_step, ()), ("tp_fsdp", S.tp_fsdp_step, (tp,))):
         sim = simulate(fn, *args, world_size=n, rank=n - 1)
         counts, figures = real[n - 1][plan]
-        rows.append((plan, counts, sim.collectives, figures, dict(sim.memory)))
+        rows.append((plan, counts, sim.collectives, figures, dict(sim.memory, peak=sim.peak_bytes)))
         assert sim.collectives == counts, f"{plan}: simulated {sim.collectives}, real {counts}"
         for key in ("params", "grads", "optimizer"):
             assert sim.memory[key] == figures[key], f"{plan} {key}: simulated {sim.memory[key]}, real {figures[key]}"
+        if dist.device_type == "cpu":  # the same allocations in the same order (GPUs: streams defer frees)
+            assert sim.peak_bytes == figures["peak"], f"{plan} peak: simulated {sim.peak_bytes}, real {figures['peak']}"
         assert all(r[plan][0] == counts for r in real), "real ranks disagree on the collectives"
     for plan, counts, sim_counts, figures, memory in rows:
-        print(f"W={n} {plan}: real {counts} {figures['params']}/{figures['grads']}/{figures['optimizer']} B | "
-              f"simulated {sim_counts} {memory['params']}/{memory['grads']}/{memory['optimizer']} B")
+        print(f"W={n} {plan}: real {counts} {figures['params']}/{figures['grads']}/{figures['optimizer']} B "
+              f"peak {figures['peak']} | simulated {sim_counts} {memory['params']}/{memory['grads']}/"
+              f"{memory['optimizer']} B peak {memory['peak']}")

@@ -60,7 +60,7 @@ def simulate(fn, *args, world_size: int, rank: int = 0, timeout: Optional[float]
     return sim
 
 
-simulate.step = step  # type: ignore[attr-defined]  # pytest_mgpu.simulate.step("name"), where the name is the function
+simulate.step = step  # type: ignore[attr-defined]  # pytest_mgpu.simulate names this function: step is on it too
 
 
 class SimulateError(ValueError):

@@ -86,7 +86,9 @@ def _check_picklable(call: SimCall, value) -> None:
 
 # The imports a simulated rank needs beyond a real one's: preloaded by the forkserver when the session
 # has simulate-marked tests (``plugin``), 1.7 s per fresh process otherwise (measured, 2-core machine).
+# torchvision (1.6 s; skipped where it is not installed) for the vision models simulations build.
 PRELOAD = [
+    "torchvision",
     "torch.testing._internal.distributed.fake_pg",
     "torch.distributed.fsdp",
     "torch.distributed.tensor.parallel",

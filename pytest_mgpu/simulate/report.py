@@ -29,6 +29,6 @@ def summary_table(rows: Sequence[dict]) -> str:
     table = tabulate([_cells(r) for r in rows], headers=HEADERS, tablefmt="simple", disable_numparse=True)
     used = sorted({k for r in rows for k in r.get("collectives", {}) if k in ABBREVIATIONS})
     legend = ", ".join(f"{ABBREVIATIONS[k]} = {k}" for k in used)
-    note = ("per simulated rank: sent = bytes it sends (ring algorithms), peak = most tensor memory alive at "
-            "once, params/grads/optimizer = its shards at the end of the last step; wall = fn in the rank")
+    note = ("per simulated rank: sent = bytes it sends (ring algorithms), peak = most tensor memory alive at once,\n"
+            "params/grads/optimizer = its shards at the end of the last step, wall = fn in the rank")
     return table + "\n" + (f"{legend}\n" if legend else "") + note
