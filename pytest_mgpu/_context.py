@@ -44,8 +44,8 @@ def rank_context() -> RankContext:
     """The current rank's context; raises outside a rank started by pytest-mgpu."""
     if _current is None:
         raise RuntimeError(
-            "rank_context()/rank_device() only work inside a function run by dist.run(); "
-            "call them from the function you pass to dist.run, not from the test body"
+            "rank_context()/rank_device() only work inside a function run by dist.run() (or "
+            "pytest_mgpu.simulate()); call them from the function you pass to it, not from the test body"
         )
     return _current
 

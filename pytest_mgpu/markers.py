@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from typing import Iterable, List, Optional
+from typing import Iterable, List, Optional, Tuple
 
 WORLD_SIZES = (1, 2, 4, 8, 16)
 MARKERS = {f"gpu{n}": n for n in WORLD_SIZES}
@@ -16,6 +16,7 @@ class MarkerError(ValueError):
 
 ISOLATE = "mgpu_isolate"
 TIMEOUT = "mgpu_timeout"
+SIMULATE = "simulate"
 
 
 def marker_help() -> List[str]:
@@ -24,7 +25,27 @@ def marker_help() -> List[str]:
         for n in WORLD_SIZES
     ] + [f"{ISOLATE}: give this test fresh rank processes instead of warm (reused) ones",
          f"{TIMEOUT}(seconds): this test's limit per dist call (dist.run(timeout=) beats it; it beats "
-         "--mgpu-timeout and ini mgpu_timeout)"]
+         "--mgpu-timeout and ini mgpu_timeout)",
+         f"{SIMULATE}: a test of the simulated tier (pytest_mgpu.simulate: fake process groups of any "
+         "world size, no devices); `-m simulate` selects these tests, `-m 'not simulate'` keeps them out"]
+
+
+def marker_timeout(item) -> Optional[Tuple[float, str]]:
+    """The limit of the test's ``mgpu_timeout`` marker and where it came from; None without one;
+    ``MarkerError`` when it is malformed. Read alike for ``dist`` and ``simulate`` calls."""
+    marker = item.get_closest_marker(TIMEOUT)
+    if marker is None:
+        return None
+    where = f"@pytest.mark.{TIMEOUT}"
+    if len(marker.args) != 1 or marker.kwargs:
+        raise MarkerError(f"{where} takes one number of seconds, e.g. {where}(60)")
+    from .settings import SettingsError, validate_timeout
+
+    try:
+        seconds = validate_timeout(marker.args[0], where, text_ok=False)
+    except SettingsError as exc:
+        raise MarkerError(str(exc)) from None
+    return seconds, f"{where}({marker.args[0]!r})"
 
 
 def _mark(n: int):

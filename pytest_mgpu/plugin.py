@@ -9,7 +9,7 @@ from . import markers
 from .devices import DevicePlan
 from .dist import Dist
 from .session import MgpuSession, TestRecord
-from .settings import SettingsError, resolve, validate_timeout
+from .settings import SettingsError, resolve
 
 SESSION_KEY = pytest.StashKey[MgpuSession]()
 PLAN_KEY = pytest.StashKey[DevicePlan]()
@@ -58,6 +58,9 @@ def pytest_configure(config):
     from .requirement import Requirement, RequirePlugin
 
     RequirePlugin.configure(config, session, Requirement(settings.require_gpus, settings.require_source))
+    from .simulate.plugin import SimulatePlugin
+
+    SimulatePlugin.configure(config, session)
 
 
 def pytest_unconfigure(config):
@@ -188,17 +191,15 @@ def dist(request):
 
 def _test_timeout(item, session: MgpuSession):
     """The test's limit per dist call: its ``mgpu_timeout`` marker, else --mgpu-timeout / ini."""
-    marker = item.get_closest_marker(markers.TIMEOUT)
-    if marker is None:
-        return session.settings.timeout_s, session.settings.timeout_source
-    where = f"@pytest.mark.{markers.TIMEOUT}"
-    if len(marker.args) != 1 or marker.kwargs:
-        pytest.fail(f"{item.nodeid}: {where} takes one number of seconds, e.g. {where}(60)", pytrace=False)
     try:
-        seconds = validate_timeout(marker.args[0], where, text_ok=False)
-    except SettingsError as exc:
-        pytest.fail(f"{item.nodeid}: {exc}", pytrace=False)
-    return seconds, f"{where}({marker.args[0]!r})"
+        found = markers.marker_timeout(item)
+    except markers.MarkerError as exc:
+        found, problem = None, f"{item.nodeid}: {exc}"
+    else:
+        problem = None
+    if problem:  # outside the except block: pytest would print the MarkerError too, as its context
+        pytest.fail(problem, pytrace=False)
+    return found or (session.settings.timeout_s, session.settings.timeout_source)
 
 
 # -- reporting ------------------------------------------------------------------------------------

@@ -44,20 +44,21 @@ class FnRef:
     file: Optional[str]
 
     @classmethod
-    def of(cls, fn) -> "FnRef":
+    def of(cls, fn, caller: str = "dist.run") -> "FnRef":
+        """``caller`` (``dist.run``, ``simulate``) is named in the messages: what the user called."""
         __tracebackhide__ = True  # a function that cannot travel is the caller's line, not ours
         if not callable(fn):
-            raise BadCallError(f"dist.run needs a function, got {type(fn).__name__}: {fn!r}")
+            raise BadCallError(f"{caller} needs a function, got {type(fn).__name__}: {fn!r}")
         module = getattr(fn, "__module__", None)
         qualname = getattr(fn, "__qualname__", None)
         if module is None or qualname is None:
             raise BadCallError(
-                f"dist.run needs a plain module-level function, got {fn!r}; "
+                f"{caller} needs a plain module-level function, got {fn!r}; "
                 "define `def my_fn(...)` at the top level of the test module"
             )
         if "<locals>" in qualname or "<lambda>" in qualname:
             raise BadCallError(
-                f"dist.run cannot send {qualname!r} to other processes: it is a nested function or a "
+                f"{caller} cannot send {qualname!r} to other processes: it is a nested function or a "
                 "lambda, which only exists inside the test process. Move it to the top level of "
                 f"{module!r} (or any importable module) and pass what it needs as arguments."
             )
@@ -91,9 +92,9 @@ class FnRef:
         return obj
 
 
-def pack_call(fn, args: tuple, kwargs: dict) -> Tuple[FnRef, bytes]:
+def pack_call(fn, args: tuple, kwargs: dict, caller: str = "dist.run") -> Tuple[FnRef, bytes]:
     """Check that ``fn(*args, **kwargs)`` can be sent to ranks; return its reference and payload."""
-    ref = FnRef.of(fn)
+    ref = FnRef.of(fn, caller)
     try:
         payload = pickle.dumps((args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:  # find the culprit for the message
@@ -112,7 +113,7 @@ def pack_call(fn, args: tuple, kwargs: dict) -> Tuple[FnRef, bytes]:
                     culprit = f"keyword argument {k!r} ({type(v).__name__})"
                     break
         raise BadCallError(
-            f"dist.run cannot send {culprit} of {ref.qualname} to the ranks: {exc}. "
+            f"{caller} cannot send {culprit} of {ref.qualname} to the ranks: {exc}. "
             "Pass plain data (tensors, numbers, strings, module-level classes) and build "
             "the rest inside the function."
         ) from None

@@ -123,11 +123,19 @@ def seed_everything(seed: int) -> None:
         pass
 
 
+BOOTSTRAP_FILES = {os.path.abspath(__file__)}
+"""Files whose frames lead a rank's traceback and say nothing to the user: this bootstrap, and those a
+call's own entry point adds (``hide_frames_of``: the simulated tier's rank)."""
+
+
+def hide_frames_of(path: str) -> None:
+    BOOTSTRAP_FILES.add(os.path.abspath(path))
+
+
 def _user_traceback(exc: BaseException) -> str:
     """The traceback from the user's frames on: the bootstrap's own frames say nothing."""
     tb = exc.__traceback__
-    here = os.path.abspath(__file__)
-    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) == here:
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in BOOTSTRAP_FILES:
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
