@@ -147,8 +147,9 @@ def test_death_names_rank_and_cause(failing_run, how, says):
 
 
 def test_failures_end_in_bounded_time(failing_run):
-    # 6 failing distributed tests, one with a 4 s hang: generous bound for a loaded 2-core box
-    assert failing_run[2] < 120, failing_run[1]
+    # 6 failing distributed tests, one with a 4 s hang: no call waited for the 300 s default limit. The
+    # run took 22 s at load 7 on 2 cores; 200 s holds well beyond load 8 and is still below 300 s.
+    assert failing_run[2] < 200, failing_run[1]
 
 
 def test_no_process_left_after_failures(failing_run):
