@@ -55,6 +55,16 @@ def other_sizes():                   # collective #4: rank 2 all-reduces 3 numbe
 
 def ranks():
     return tdist.get_rank()
+
+def five():                          # a call before: the recorder keeps its entries, numbers restart per call
+    for _ in range(5):
+        tdist.all_reduce(torch.ones(2))
+
+def backward_forever():              # one process training past its limit, as a slow pipeline benchmark did
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+    x = torch.randn(64, 256)
+    while True:
+        model(x).sum().backward()
 """
 
 SLOW_IMPORT = """
@@ -86,9 +96,14 @@ def test_blocked(dist):
 def test_starting(dist):
     dist.run(slow_import.noop, timeout=5)
 
+@pytest.mark.gpu2
+def test_single_process(dist):
+    dist.run_single(F.backward_forever, timeout=5)
+
 @pytest.mark.gpu4
 @pytest.mark.parametrize("case", ["other_collective", "never_reached", "other_sizes"])
 def test_desync(dist, case):
+    dist.run(F.five)
     dist.run(getattr(F, case), timeout=5)
 
 @pytest.mark.gpu4
@@ -141,7 +156,7 @@ def line(sec: str, start: str) -> str:
 
 
 def test_every_case_fails_and_the_pool_serves_the_next_test(warm, fresh):
-    assert warm[0] == 1 and "6 failed, 1 passed" in warm[1], warm[1]
+    assert warm[0] == 1 and "7 failed, 1 passed" in warm[1], warm[1]
     assert fresh[0] == 1 and "3 failed, 1 passed" in fresh[1], fresh[1]
 
 
@@ -158,6 +173,14 @@ def test_a_rank_computing_past_its_limit_is_still_computing_not_hung(warm):
     assert "Hint: a rank blocked in a collective" not in sec and "disagree (flight recorder)" not in sec
     for r in (1, 2, 3):  # they wait for rank 0 in the barrier: consequences
         assert "blocked in collective #1 (barrier)" in line(sec, f"rank {r} "), sec
+
+
+def test_one_process_computing_in_backward_is_still_computing(warm):
+    sec = section(warm[1], "test_single_process")
+    assert line(sec, "rank 0 ").startswith(
+        "rank 0 is still computing after 5s (the limit set by dist.run(timeout=5)): it used "), sec
+    assert "in backward" in sec and "(hung;" not in sec
+    assert "raise the limit where it was set: dist.run(timeout=5) in the test" in sec
 
 
 def test_a_blocked_rank_is_hung_and_its_peers_wait_in_a_named_collective(warm):
