@@ -122,3 +122,27 @@ def test_the_recorder_is_on_unless_the_user_set_it():
     assert recorder_env({}) == {RECORDER_ENV: "1000"}
     assert recorder_env({RECORDER_ENV: "0"}) == {}
     assert recorder_env({"TORCH_NCCL_TRACE_BUFFER_SIZE": "20"}) == {}
+
+
+def test_a_torchrun_rank_is_judged_from_what_it_said_of_itself():
+    """In a launched job the lost rank's monitor thread posts its phase, recorder and CPU time
+    (launch/lost.py); the reporting rank uses the words spawned ranks get."""
+    from types import SimpleNamespace
+
+    from pytest_mgpu.launch.base import LaunchSpec
+    from pytest_mgpu.launch.control import WorldBroken
+    from pytest_mgpu.launch.external import ExternalLauncher
+
+    stack = 'File "user.py", line 3 in step'
+    launcher = ExternalLauncher(SimpleNamespace(rank=1))
+    spec = LaunchSpec(nprocs=2, timeout_s=3, timeout_source="dist.run(timeout=3)")
+    busy = WorldBroken("rank(s) 0 did not arrive", lost=(0,), stacks={0: stack},
+                       evidence={0: (Evidence("running"), 1.5, 2.0)})
+    text = launcher._failure(spec, busy, started=True).format()
+    assert "rank 0 is still computing after 3s (the limit set by dist.run(timeout=3)): it used 1.50s of CPU" in text
+    assert "raise the limit where it was set: dist.run(timeout=3) in the test" in text
+    idle = WorldBroken("rank(s) 0 did not arrive", lost=(0,), stacks={0: stack},
+                       evidence={0: (Evidence("running", rec("barrier").collectives), 0.0, 2.0)})
+    text = launcher._failure(spec, idle, started=True).format()
+    assert "rank 0 did not finish within 3s (hung; the limit set by dist.run(timeout=3)): blocked in collective #1 " \
+           "(barrier), 0.00s of CPU in the last 2.0s" in text
