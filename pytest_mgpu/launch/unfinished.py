@@ -15,10 +15,11 @@ The evidence, in the order it decides:
   ``ADVANCING`` of one core over the last ``CPU_WINDOW_S`` seconds before the limit;
 - otherwise **blocked** (sleeping, waiting on a lock, a pipe, a peer).
 
-Measured 2026-11-24 on the 2-core machine: a rank blocked in a gloo collective or in ``time.sleep`` used
-0-10 ms of CPU in 2 s (one clock tick); a rank computing in Python or torch ops used 1.9-2.0 s quiet and
-0.3-0.45 s at load 8 (one core shared by ~9 runnable processes): the line, 2.5% of a core (50 ms in 2 s),
-sits 5x above the first and 6x below the second.
+Measured 2026-11-24 on the shared 2-core machine (tests/test_verdicts.py's cases): a rank blocked in a
+gloo collective or in ``time.sleep`` used 0-20 ms of CPU in the 2 s window (load 6-13); a rank spinning in
+Python used 0.87-1.14 s at load 6-9 and 0.37 s at load 11-13 (median of benchmarks/load.py --procs 6), a
+single process in autograd's backward 0.18 s at load 11-13. The line, 2.5% of a core (50 ms in 2 s),
+sits 2.5x above the busiest blocked rank and 3.6x below the least served computing one.
 """
 from __future__ import annotations
 
