@@ -79,6 +79,7 @@ def recorder_env(environ) -> Dict[str, str]:
 class _Call:
     """This process's current call (module state: one rank per process)."""
 
+    wakeup: int = -1  # the pipe end the C-level signal handler writes to (arm)
     path: str = ""
     backend: str = ""
     phase: Phase = "starting"
@@ -92,6 +93,8 @@ def begin(log_path: str, backend: str) -> None:
     """A call (or the rank itself) is starting: evidence goes next to ``log_path``."""
     _CALL.path = log_path + EVIDENCE_SUFFIX if log_path else ""
     _CALL.backend = backend
+    if _CALL.wakeup >= 0 and threading.current_thread() is threading.main_thread():
+        signal.set_wakeup_fd(_CALL.wakeup, warn_on_full_buffer=False)  # a call's asyncio loop may have reset it
     _CALL.phase = "starting"
     _CALL.base = {}
 
@@ -146,6 +149,7 @@ def arm() -> None:
     os.set_blocking(w, False)
     signal.signal(DUMP_SIGNAL, _ignore)
     signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    _CALL.wakeup = w
     threading.Thread(target=_serve, args=(r,), name="mgpu-evidence", daemon=True).start()
 
 
