@@ -1,9 +1,12 @@
 """Seconds per distributed test (one all_reduce) for: pytest-mgpu with warm ranks, pytest-mgpu with
 fresh processes (--mgpu-isolate), a plain torch.multiprocessing.spawn per test, and PyTorch's own
-MultiProcessTestCase. Also the RSS of warm ranks after 10 and after N tests.
+MultiProcessTestCase. Also the RSS of warm ranks after 10 and after N tests, and what the flight
+recorder (on in ranks unless TORCH_FR_BUFFER_SIZE is set) costs a warm call: sessions with it on and
+off alternate until a time budget is spent; the ratio of their median call times is printed.
 
-    python benchmarks/startup.py                 # the table (a few minutes on 2 cores)
+    python benchmarks/startup.py                 # the tables (a few minutes on 2 cores)
     python benchmarks/startup.py --tests 50 --slow-tests 5 --rss-tests 300
+    python benchmarks/startup.py --only recorder --recorder-budget 120
 
 Prints; asserts nothing. Run it on a quiet machine: other load shows up in every figure.
 """
@@ -42,6 +45,27 @@ def test_allreduce(dist, i):
     if os.environ.get("RSS_OUT") and i in (9, {tests} - 1):
         with open(os.environ["RSS_OUT"], "a") as f:
             f.write(f"{{i + 1}} {{max(dist.run(rss_mb)):.0f}}\\n")
+"""
+
+RECORDER_TEST = """
+import os, time, pytest, torch, torch.distributed as tdist
+
+def collectives(k):
+    t = torch.ones(1)
+    for _ in range(k):
+        tdist.all_reduce(t)
+    return t.item()
+
+@pytest.mark.gpu{n}
+@pytest.mark.parametrize("k", {ks})
+@pytest.mark.parametrize("i", range({tests}))
+def test_call(dist, i, k):
+    t0 = time.perf_counter()
+    dist.run(collectives, k)
+    dt = time.perf_counter() - t0
+    if i:  # the first call of a k also imports this module in the ranks
+        with open(os.environ["CALLS_OUT"], "a") as f:
+            f.write(f"{{k}} {{dt}}\\n")
 """
 
 SPAWN = """
@@ -141,6 +165,35 @@ def mptc(n: int, tests: int) -> list[float]:
         return run_pytest(d, "test_mptc.py")
 
 
+def recorder_cost(n: int, tests: int, ks: tuple, budget_s: float) -> list:
+    """Median warm-call seconds with the flight recorder off and on, per collectives per call; sessions
+    alternate (off, on, off, on, ...) so that both see the same drift of a shared machine."""
+    calls = {(k, on): [] for k in ks for on in (False, True)}
+    end, rounds = time.monotonic() + budget_s, 0
+    while rounds < 1 or time.monotonic() < end:
+        for on in (False, True):
+            with tempfile.TemporaryDirectory() as d:
+                d = Path(d)
+                (d / "test_recorder.py").write_text(RECORDER_TEST.format(n=n, tests=tests, ks=list(ks)))
+                env = {**os.environ, "CALLS_OUT": str(d / "calls.txt")}
+                env.pop("TORCH_NCCL_TRACE_BUFFER_SIZE", None)
+                if on:
+                    env.pop("TORCH_FR_BUFFER_SIZE", None)  # the plugin's default: on
+                else:
+                    env["TORCH_FR_BUFFER_SIZE"] = "0"  # the user's setting wins: off
+                run_pytest(d, "--mgpu-fallback=cpu", "-p", "no:randomly", env=env)
+                for row in (d / "calls.txt").read_text().split("\n"):
+                    if row:
+                        k, dt = row.split()
+                        calls[(int(k), on)].append(float(dt))
+        rounds += 1
+    rows = []
+    for k in ks:
+        off, on = statistics.median(calls[(k, False)]), statistics.median(calls[(k, True)])
+        rows.append([n, k, rounds, f"{off * 1000:.2f}", f"{on * 1000:.2f}", f"{on / off:.3f}"])
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tests", type=int, default=50, help="tests per world size for pytest-mgpu modes")
@@ -148,8 +201,22 @@ def main() -> None:
                     help="tests per world size for mp.spawn and MultiProcessTestCase (seconds each)")
     ap.add_argument("--rss-tests", type=int, default=300, help="tests in the warm-rank memory run (0: skip)")
     ap.add_argument("--sizes", default="2,4")
+    ap.add_argument("--only", choices=["startup", "recorder"], default=None)
+    ap.add_argument("--recorder-budget", type=float, default=120.0,
+                    help="seconds of alternating recorder on/off sessions (at least one round)")
+    ap.add_argument("--recorder-tests", type=int, default=40, help="calls per collectives count per session")
     args = ap.parse_args()
+    if args.only != "recorder":
+        startup_tables(args)
+    if args.only != "startup":
+        rows = [row for n in [int(x) for x in args.sizes.split(",")]
+                for row in recorder_cost(n, args.recorder_tests, (1, 100), args.recorder_budget / 2)]
+        print()
+        print(tabulate(rows, headers=["world size", "collectives per call", "rounds", "ms/call recorder off",
+                                      "ms/call recorder on", "on / off"], tablefmt="github"))
 
+
+def startup_tables(args) -> None:
     rows, per = [], {}
     for n in [int(x) for x in args.sizes.split(",")]:
         modes = [

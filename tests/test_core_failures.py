@@ -123,13 +123,15 @@ def test_every_failing_rank_is_named(failing_run):
 
 def test_hang_names_ranks_and_shows_their_stacks(failing_run):
     out = section(failing_run[1], "test_hang")
-    assert "rank 0 did not finish within 4s (hung; the limit set by dist.run(timeout=4)); its Python stack:" in out
+    assert ("rank 0 did not finish within 4s (hung; the limit set by dist.run(timeout=4)): blocked outside any "
+            "collective, ") in out
     rank0 = out[out.index("rank 0 did not finish"):out.index("rank 1 did not finish")]
     assert re.search(r"test_failing.py\", line \d+ in hang_on_rank0", rank0)
     assert "pytest_mgpu" not in rank0 and "multiprocessing" not in rank0  # only the user's frames
     # rank 1 is blocked inside a C++ collective, and its Python stack still shows where
     rank1 = out[out.index("rank 1 did not finish"):]
     assert "in barrier" in rank1 and "in hang_on_rank0" in rank1
+    assert "blocked in collective #1 (barrier)" in rank1  # from its flight recorder
 
 
 @pytest.mark.parametrize(
@@ -145,8 +147,9 @@ def test_death_names_rank_and_cause(failing_run, how, says):
 
 
 def test_failures_end_in_bounded_time(failing_run):
-    # 6 failing distributed tests, one with a 4 s hang: generous bound for a loaded 2-core box
-    assert failing_run[2] < 120, failing_run[1]
+    # 6 failing distributed tests, one with a 4 s hang: no call waited for the 300 s default limit. The
+    # run took 22 s at load 7 on 2 cores; 200 s holds well beyond load 8 and is still below 300 s.
+    assert failing_run[2] < 200, failing_run[1]
 
 
 def test_no_process_left_after_failures(failing_run):

@@ -7,7 +7,8 @@ every rank's outcome, then call ``attribute`` once with all of them:
 
 - a rank that died (a signal, or an exit code without a result) is a cause;
 - a rank that raised anything but a communication error is a cause;
-- a rank that hung outside a collective (its stack is in user code) is a cause;
+- a rank that hung outside a collective (its stack is in user code), or is still computing or still
+  starting at the limit (``unfinished.py``), is a cause;
 - a rank that returned while the others failed or hung in a collective never entered it: a cause,
   when nothing else explains their failure;
 - a communication error, or a rank waiting inside a collective, is a consequence when a cause exists.
@@ -56,7 +57,7 @@ def is_consequence_kind(p: RankProblem) -> bool:
     if p.kind == "stopped":  # still running when another rank failed: there only because of it
         return True
     if p.kind == "hung":
-        return in_collective(p.detail)
+        return p.waiting or in_collective(p.detail)
     return False
 
 
@@ -83,5 +84,6 @@ def returned_early(rank: int, waiting: Sequence[int]) -> RankProblem:
     return RankProblem(
         rank, "returned",
         f"returned while rank(s) {names} were still inside a collective: it never entered the "
-        f"collective they were waiting in (a rank-dependent branch, or uneven data?)",
+        f"collective they were waiting in, or left it early (a rank-dependent branch, uneven data, other "
+        f"sizes?)",
     )

@@ -1,14 +1,13 @@
-"""Waiting on ranks: their results, their deaths, the deadline, and the stacks of those that hang.
+"""Waiting on ranks: their results, their deaths, the deadline, and what those still running at it were
+doing (``unfinished.py``: blocked, computing, starting), with the first collective the ranks disagree on
+(``desync.py``).
 
 Shared by the fresh-process launcher and the warm pool: both hand over rank processes, the pipes
 their outcomes arrive on, and the files their output goes to.
 """
 from __future__ import annotations
 
-import os
 import pickle
-import re
-import signal
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -16,27 +15,19 @@ from multiprocessing.connection import wait
 from typing import Dict, List, Optional, Sequence
 
 from .attribution import attribute, is_communication_error, returned_early
-from .errors import RankFailure, RankProblem, describe_exit
+from .desync import Trace, first_disagreement
+from .errors import RankFailure, RankProblem, describe_exit, timeout_hint, unfinished_summary
 from .protocol import RankOutcome, safe_str
+from .unfinished import CpuWatch, Verdict, classify, collective_name, cpu_words, read, request_dumps
 
 FAILURE_GRACE_S = 3.0  # after a first failure, how long the other ranks get to report their own
 START_LIMIT_S = 120.0  # how long ranks may take to start and join the group, on top of the call's limit
-STACK_WAIT_S = 2.0  # how long a hung rank gets to print its stack
 # How long before an outer limit (pytest-timeout) a call is cut, so that the stacks, the kill and the
-# report are out before it fires. The stack wait is bounded by STACK_WAIT_S (a rank that does not
-# answer); the rest (kill, attribution, report, teardown) took at most 0.22 s over 5 runs of a hung
+# report are out before it fires. The stack wait is bounded by unfinished.STACK_WAIT_S (a rank that
+# does not answer); the rest (kill, attribution, report, teardown) took at most 0.22 s over 5 runs of a hung
 # 4-rank call on the loaded 2-core machine (benchmarks/attribution.py --only margin): 3 s leaves ~0.8 s
 # to spare. When the outer limit is shorter than twice that, the cut falls halfway to it instead.
 REPORT_MARGIN_S = 3.0
-
-_STACK_START = re.compile(r"^(Current thread|Thread) 0x", re.M)
-_BOOTSTRAP = (
-    os.sep + "pytest_mgpu" + os.sep + "launch" + os.sep,
-    os.sep + "multiprocessing" + os.sep,
-    '"<string>"',
-    os.sep + "threading.py",
-)
-_MAIN_BOTTOM = '"<string>", line 1 in <module>'  # the forkserver child's first frame
 
 
 @dataclass(frozen=True)
@@ -65,6 +56,7 @@ class Collected:
     problems: List[RankProblem] = field(default_factory=list)
     cuts: Dict[int, int] = field(default_factory=dict)  # log offsets where stack dumps begin
     hint: str = ""
+    collectives: str = ""  # the first collective the ranks disagree on
 
     def logs(self, log_paths: Sequence[str]) -> List[str]:
         return [read(path)[: self.cuts.get(r)] for r, path in enumerate(log_paths)]
@@ -77,7 +69,7 @@ class Collected:
 
     def raise_if_failed(self, what: str, log_paths: Sequence[str]) -> None:
         if self.problems:
-            failure = RankFailure(what, self.problems, hint=self.hint)
+            failure = RankFailure(what, self.problems, hint=self.hint, collectives=self.collectives)
             failure.logs = self.logs(log_paths)
             raise failure
 
@@ -88,6 +80,7 @@ class _Waiter:
     def __init__(self, procs, conns, log_paths, limit: CallLimit, started: bool, until_ready: bool):
         self.procs, self.conns, self.log_paths, self.limit = procs, conns, log_paths, limit
         self.until_ready = until_ready
+        self.started = started  # warm ranks: those that returned stay alive (and can be asked)
         self.got = Collected()
         self.failed_at: Optional[float] = None
         self.pending = set(range(len(procs)))
@@ -97,6 +90,9 @@ class _Waiter:
         self.limit_at = self.t0 + own
         self.by_conn = {id(c): r for r, c in enumerate(conns)}
         self.by_sentinel = {p.sentinel: r for r, p in enumerate(procs)}
+        self.cpu = CpuWatch([p.pid for p in procs])
+        self.traces: Dict[int, Trace] = {}  # what is known of each rank's collectives in this call
+        self.behind: set = set()  # ranks whose absence from a collective is explained (slow, raised, died)
 
     def deadline(self) -> float:
         cut = self.limit.cut(self.t0)
@@ -117,7 +113,9 @@ class _Waiter:
                     self.pending.clear()
             return
         self.pending.discard(r)
+        self.traces[r] = Trace(outcome.collectives, outcome.last_collectives)
         if not outcome.ok:
+            self.behind.add(r)
             return self.fail(raised_problem(outcome))
         problem = rebuild_value(outcome)
         if problem is not None:
@@ -147,10 +145,11 @@ class _Waiter:
     def run(self) -> Collected:
         while self.pending:
             now = time.monotonic()
+            self.cpu.poll(now, self.deadline(), self.pending)  # once, in the window before the limit
             if now >= self.deadline():
                 break
             waitables = [self.conns[r] for r in self.pending] + [self.procs[r].sentinel for r in self.pending]
-            ready = wait(waitables, timeout=self.deadline() - now)
+            ready = wait(waitables, timeout=min(self.cpu.due(self.deadline()), self.deadline()) - now)
             for r in sorted({self.by_conn.get(id(o), self.by_sentinel.get(o)) for o in ready} - {None}):
                 self.drain(r)
             for obj in ready:
@@ -160,48 +159,64 @@ class _Waiter:
                     if r in self.pending:
                         self.procs[r].join(1.0)
                         tail = _tail(read(self.log_paths[r]))
+                        self.behind.add(r)
                         self.fail(RankProblem(r, "died", f"died: {describe_exit(self.procs[r].exitcode)}", tail))
-        if self.pending:
+        timed_out = bool(self.pending) and self.failed_at is None
+        if self.pending or any(p.kind != "unreadable" for p in self.got.problems):
             self.unfinished()
         returned = sorted(self.got.outcomes) if self.got.problems else []
         self.got.problems = attribute(self.got.problems, returned, returned_early)
-        return self.got
-    def unfinished(self) -> None:
-        """Ranks still running at the deadline (or after the grace that followed a failure): their
-        stacks say whether they hang in user code or wait in a collective for a failed peer."""
-        pending = sorted(self.pending)
-        stacks, self.got.cuts = _stacks(self.procs, pending, self.log_paths)
-        timed_out = self.failed_at is None
-        elapsed = time.monotonic() - self.t0
-        for r in pending:
-            stack = stacks.get(r, "(no stack)")
-            if timed_out and r in self.unready:
-                summary = (f"did not start: it had not joined the process group after {elapsed:.1f}s "
-                           f"({self.which_limit()}); its Python stack:")
-            elif timed_out:
-                took = f"{elapsed:.1f}s" if self.outer_fired else f"{self.limit.seconds:g}s"
-                summary = f"did not finish within {took} (hung; {self.which_limit()}); its Python stack:"
-            else:
-                summary = "was still running when another rank failed; stopped. Its stack:"
-            self.got.problems.append(RankProblem(r, "stopped" if not timed_out else "hung", summary, stack))
         if timed_out:
-            self.got.hint = self.timeout_hint()
+            outer = self.limit.outer_source if self.outer_fired else ""
+            self.got.hint = timeout_hint(self.got.problems, self.limit.seconds, self.limit.source, outer)
+        if self.got.problems:
+            self.got.collectives = first_disagreement(self.traces, self.behind)
+        return self.got
+
+    def unfinished(self) -> None:
+        """Ranks still running at the deadline (or after the grace that followed a failure): blocked
+        (hung), still computing or still starting, from their CPU time, stacks and flight recorders
+        (``unfinished.py``); their stacks and recorders also say which collective they wait in."""
+        pending = sorted(self.pending)
+        returned = [r for r in sorted(self.got.outcomes) if self.started and self.procs[r].is_alive()
+                    and (r not in self.traces or self.traces[r].collectives is None)]
+        if not pending and not returned:
+            return
+        timed_out = self.failed_at is None
+        used, window = self.cpu.used(pending) if timed_out and pending else ({}, 0.0)  # before the dumps
+        stacks, evidence, self.got.cuts = request_dumps(self.procs, pending, self.log_paths, returned)
+        elapsed = time.monotonic() - self.t0
+        limit = f"{elapsed:.1f}s" if self.outer_fired else f"{self.limit.seconds:g}s"
+        for r, ev in evidence.items():
+            if ev is not None:
+                self.traces[r] = Trace(ev.collectives, ev.last)
+        for r in pending:
+            ev, stack = evidence.get(r), stacks.get(r, "(no stack)")
+            if not timed_out:
+                self.got.problems.append(RankProblem(
+                    r, "stopped", "was still running when another rank failed; stopped. Its stack:", stack))
+                continue
+            v = classify(r not in self.unready, used.get(r), window, stack, ev)
+            if v.kind != "blocked":
+                self.behind.add(r)
+            took = f"{elapsed:.1f}s" if r in self.unready else limit  # joining has a limit of its own
+            self.got.problems.append(self.verdict_problem(r, v, took, stack))
+
+    def verdict_problem(self, r: int, v: Verdict, took: str, stack: str) -> RankProblem:
+        kind = {"blocked": "hung"}.get(v.kind, v.kind)
+        if v.waiting_in is not None:
+            where = f"blocked in {collective_name(v.waiting_in)}"
+        else:
+            where = "blocked in a collective" if v.in_collective else "blocked outside any collective"
+        summary = unfinished_summary(v.kind, took, self.which_limit(), cpu_words(v), where,
+                                     joined=r not in self.unready)
+        return RankProblem(r, kind, summary, stack, waiting=v.in_collective)
 
     def which_limit(self) -> str:
         if self.outer_fired:
             return (f"stopped before {self.limit.outer_source} ends the test: it counts from the "
                     "test's start, its setup included")
         return f"the limit set by {self.limit.source}"
-
-    def timeout_hint(self) -> str:
-        base = ("Hint: a rank blocked in a collective usually means the ranks disagree on which "
-                "collectives to call (a rank-dependent branch, uneven data). ")
-        if self.outer_fired:
-            return base + (f"The call was cut short by {self.limit.outer_source}, not by pytest-mgpu's own "
-                           f"limit ({self.limit.seconds:g}s from {self.limit.source}): if the work is just "
-                           "slow, raise pytest-timeout's limit (--timeout, or @pytest.mark.timeout).")
-        return base + (f"If the work is just slow, raise the limit ({self.limit.source}): "
-                       "dist.run(..., timeout=S), @pytest.mark.mgpu_timeout(S) or --mgpu-timeout.")
 
 
 def collect(procs, conns, log_paths: Sequence[str], limit: CallLimit, *, started: bool = False,
@@ -215,51 +230,6 @@ def collect(procs, conns, log_paths: Sequence[str], limit: CallLimit, *, started
     are (warm ranks). ``until_ready``: stop once all are (starting a warm pool).
     """
     return _Waiter(procs, conns, log_paths, limit, started, until_ready).run()
-
-
-def _stacks(procs, ranks, log_paths):
-    """Ask each rank for its Python stack (faulthandler on SIGUSR1) and read it back."""
-    sizes = {}
-    for r in ranks:
-        path = log_paths[r]
-        sizes[r] = os.path.getsize(path) if os.path.exists(path) else 0
-        try:
-            os.kill(procs[r].pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            pass
-    got: Dict[int, str] = {}
-    seen: Dict[int, int] = {}
-    end = time.perf_counter() + STACK_WAIT_S
-    while len(got) < len(ranks) and time.perf_counter() < end:
-        for r in ranks:
-            if r in got:
-                continue
-            text = read(log_paths[r])[sizes[r]:]
-            m = _STACK_START.search(text)
-            # the dump is complete once the main thread's bottom frame is out and it stops growing
-            if m and _MAIN_BOTTOM in text and seen.get(r) == len(text):
-                got[r] = _user_stack(text[m.start():])
-            seen[r] = len(text)
-        if len(got) < len(ranks):
-            wait([procs[r].sentinel for r in ranks if r not in got], timeout=0.05)
-    for r in ranks:
-        if r not in got:
-            text = read(log_paths[r])[sizes[r]:]
-            m = _STACK_START.search(text)
-            got[r] = _user_stack(text[m.start():]) if m else "(the rank did not answer the stack request)"
-    return got, sizes
-
-
-def _user_stack(dump: str) -> str:
-    """A faulthandler dump without the frames of the launcher, multiprocessing and threading, and
-    without the threads that are only ours (the launcher watch)."""
-    kept = []
-    for block in re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump.strip()):
-        head, *frames = block.strip().splitlines()
-        frames = [ln for ln in frames if ln.strip() and not any(b in ln for b in _BOOTSTRAP)]
-        if frames:
-            kept.append("\n".join([head] + frames))
-    return "\n\n".join(kept) or dump.strip()
 
 
 class RankReportError(Exception):
@@ -312,14 +282,6 @@ def raised_problem(o: RankOutcome) -> RankProblem:
     }.get(o.phase, "")
     return RankProblem(o.rank, "raised", f"raised {o.exc_type}: {o.exc_message}{where}", o.traceback,
                        communication=is_communication_error(o.exc_type, o.exc_message))
-
-
-def read(path: str) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return f.read()
-    except FileNotFoundError:
-        return ""
 
 
 def _tail(text: str, lines: int = 30) -> str:

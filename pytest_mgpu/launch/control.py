@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import os
 import pickle
-import sys
 import threading
 import time
-import traceback
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .lost import CpuTrail, Stderr, evidence_blob, main_thread_stack, read_evidence_blob
 
 CHUNK = 4 << 20
 POLL_MAX_S = 0.05
@@ -29,11 +29,6 @@ STACK_WAIT_S = 3.0  # how long a lost rank gets to post its stack
 FINAL_WAIT_S = 30.0  # how long a rank that is done waits for the reporting rank before it exits
 EXIT_AFTER_ABORT_S = 60.0  # a rank still running this long after the job was aborted ends itself
 SELF_HANG_GRACE_S = 5.0  # past its own deadline, a rank stuck in dist.run ends itself (all peers stuck)
-
-# Frames that say nothing about where the user's code is stuck.
-_NOISE = (os.sep + "_pytest" + os.sep, os.sep + "pluggy" + os.sep, os.sep + "pytest_mgpu" + os.sep, "<frozen ",
-          os.sep + "pytest" + os.sep + "__main__.py", os.sep + "runpy.py")
-
 
 @dataclass
 class Post:
@@ -53,6 +48,7 @@ class WorldBroken(Exception):
     lost: Tuple[int, ...] = ()
     posts: Dict[int, Post] = field(default_factory=dict)  # what the ranks that did arrive posted
     stacks: Dict[int, str] = field(default_factory=dict)  # Python stacks of lost ranks, when they sent one
+    evidence: Dict[int, Any] = field(default_factory=dict)  # what they said of themselves (lost.py)
     by_peer: bool = False  # another rank aborted the job; this one only learned of it
 
     def __post_init__(self):
@@ -60,15 +56,6 @@ class WorldBroken(Exception):
 
     def __str__(self) -> str:
         return self.reason
-
-
-def main_thread_stack() -> str:
-    """The Python stack of this process's main thread, without pytest's and the plugin's frames."""
-    frame = sys._current_frames().get(threading.main_thread().ident)
-    if frame is None:
-        return "(no stack)"
-    rows = [r for r in traceback.format_stack(frame) if not any(n in r.split("\n", 1)[0] for n in _NOISE)]
-    return "".join(rows).rstrip() or "(only pytest and pytest-mgpu frames)"
 
 
 class ControlPlane:
@@ -82,7 +69,8 @@ class ControlPlane:
         self._n = 0
         self.broken: Optional[str] = None
         self.lost: Tuple[int, ...] = ()
-        self._say = say or _Stderr()
+        self._say = say or Stderr()
+        self._cpu = CpuTrail()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._deadline: Optional[Tuple[float, str]] = None  # (time.monotonic(), what) of the current call
@@ -242,7 +230,18 @@ class ControlPlane:
 
     def _lose(self, lost: Sequence[int], reason: str, posts: Dict[int, Post]) -> WorldBroken:
         self.abort(reason, lost)
-        return WorldBroken(reason, tuple(lost), posts, self.stacks(lost, self.stack_wait_s))
+        stacks = self.stacks(lost, self.stack_wait_s)
+        evidence = {r: e for r in stacks if (e := self._evidence(r)) is not None}
+        return WorldBroken(reason, tuple(lost), posts, stacks, evidence)
+
+    def _evidence(self, r: int):
+        """What lost rank ``r`` said of itself (posted before its stack), or None."""
+        try:
+            if self._store.check([f"evidence/{r}"]):
+                return read_evidence_blob(self._store.get(f"evidence/{r}"))
+        except RuntimeError:
+            pass
+        return None
 
     def _broke(self, reason: str, posts: Optional[Dict[int, Post]] = None) -> WorldBroken:
         self.broken = self.broken or reason
@@ -322,6 +321,7 @@ class ControlPlane:
         next_beat = 0.0
         while not self._stop.wait(0.25):
             now = time.monotonic()
+            self._cpu.tick()
             try:
                 if now >= next_beat:
                     store.add(f"hb/{me}", 1)
@@ -350,6 +350,7 @@ class ControlPlane:
         stack = main_thread_stack()
         if store is not None:
             try:
+                store.set(f"evidence/{self.rank}", evidence_blob(self._cpu))  # before the stack: read after it
                 store.set(f"stack/{self.rank}", stack)
                 lost = [r for r in range(self.world_size) if store.check([f"lost/{r}"])]
                 self.lost = tuple(sorted(set(self.lost) | set(lost) | {self.rank}))
@@ -375,24 +376,3 @@ def _secs(s: float) -> str:
 
 def _names(ranks) -> str:
     return ", ".join(map(str, ranks))
-
-
-class _Stderr:
-    """This process's stderr as it was when the job was joined: pytest captures fd 2 during tests, and
-    a rank that ends itself from the monitor thread must still be heard."""
-
-    def __init__(self):
-        try:
-            self._fd = os.dup(2)
-        except OSError:
-            self._fd = None
-
-    def __call__(self, text: str) -> None:
-        data = text.encode(errors="replace")
-        try:
-            if self._fd is None:
-                raise OSError
-            while data:
-                data = data[os.write(self._fd, data):]
-        except OSError:
-            (sys.__stderr__ or sys.stderr).write(text)

@@ -20,6 +20,7 @@ from typing import Optional, Tuple
 from .base import LaunchResult, LaunchSpec
 from .collect import collect
 from .errors import RankFailure
+from .flight import EVIDENCE_SUFFIX
 from .processes import kill_tree
 from .protocol import FnRef
 from .rendezvous import StoreServer
@@ -95,7 +96,7 @@ class PoolLauncher:
             self._discard(key)  # Ctrl-C, pytest-timeout: never reuse a pool in doubt
             raise
         finally:
-            for path in log_paths:
+            for path in log_paths + [p + EVIDENCE_SUFFIX for p in log_paths]:
                 try:
                     os.unlink(path)
                 except OSError:

@@ -164,3 +164,5 @@ class RankOutcome:
     ready: bool = False  # "joined the group, starting the call": the call's time limit starts now
     notes: List[str] = field(default_factory=list)  # what the call left behind (children, threads)
     dirty: bool = False  # (warm ranks) the call changed the process groups: rejoin before the next
+    collectives: Optional[list] = None  # (raised) this call's collectives, from the flight recorder
+    last_collectives: Dict[int, int] = field(default_factory=dict)  # (returned) per group: its last one

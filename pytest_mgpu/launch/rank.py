@@ -17,6 +17,7 @@ from datetime import timedelta
 from typing import List, Optional
 
 from .._context import RankContext, set_rank_context
+from . import flight
 from .processes import alive, become_subreaper, descendants, end_descendants
 from .protocol import RankOutcome, RankTask, safe_str, type_name
 from .rank_coverage import RankCoverage
@@ -105,9 +106,10 @@ def detach(log_path: str, launcher_pid: int) -> None:
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     # Fatal signals (segfault, abort) print the Python stack; SIGUSR1 prints it on the launcher's
-    # request when the rank hangs.
+    # request when the rank hangs, and (chained) has the flight recorder's evidence written.
     faulthandler.enable(file=sys.stderr, all_threads=True)
-    faulthandler.register(STACK_SIGNAL, file=sys.stderr, all_threads=True, chain=False)
+    flight.arm()
+    faulthandler.register(STACK_SIGNAL, file=sys.stderr, all_threads=True, chain=True)
 
 
 def seed_everything(seed: int) -> None:
@@ -258,20 +260,25 @@ def run_call(task: RankTask) -> RankOutcome:
         args, kwargs = pickle.loads(task.payload)
     except BaseException as exc:
         return error_outcome(task, exc, "import")
+    flight.running()
     try:
         value = fn(*args, **kwargs)
     except BaseException as exc:
+        flight.finished()
         out = error_outcome(task, exc, "run")
         out.run_s = time.perf_counter() - t0
+        out.collectives = flight.collectives()
         return out
+    flight.finished()
     run_s = time.perf_counter() - t0
+    last = flight.last_collectives()
     try:
         value = _to_cpu(value)
     except Exception as exc:  # a meta tensor has no data: say so, without the plugin's own frames
         return RankOutcome(rank=task.rank, ok=False, exc_type=type_name(exc), phase="return", run_s=run_s,
                            exc_message=f"its return value ({type_name(value)}) could not be copied to the "
                            f"CPU: {safe_str(exc)}")
-    return RankOutcome(rank=task.rank, ok=True, value=value, run_s=run_s)
+    return RankOutcome(rank=task.rank, ok=True, value=value, run_s=run_s, last_collectives=last)
 
 
 def send_outcome(conn, outcome: RankOutcome) -> None:
@@ -303,6 +310,7 @@ def leftover_note(rank: int, commands) -> List[str]:
 
 def rank_main(task: RankTask, conn) -> None:
     """Entry point of a fresh rank process (target of the forkserver Process)."""
+    flight.begin(task.log_path, task.backend)
     detach(task.log_path, task.launcher_pid)
     t0 = time.perf_counter()
     try:
@@ -320,6 +328,8 @@ def rank_main(task: RankTask, conn) -> None:
     send_outcome(conn, RankOutcome(rank=task.rank, ok=True, ready=True, init_s=init_s))
     outcome = run_call(task)
     outcome.init_s = init_s
+    if outcome.ok:  # this process is gone before a peer's failure is known: its record goes now
+        outcome.collectives = flight.collectives()
     outcome.notes = leftover_note(task.rank, end_descendants())
     coverage.pause()
     send_outcome(conn, outcome)

@@ -19,6 +19,7 @@ from typing import Dict, List, Optional
 from ..devices import usable_cpus
 from .base import LaunchResult, LaunchSpec
 from .collect import collect
+from .flight import recorder_env
 from .processes import alive, kill_tree
 from .protocol import FnRef, RankTask
 from .rank import rank_main
@@ -26,7 +27,11 @@ from .rank_coverage import preload
 from .rendezvous import Rendezvous, StoreServer
 
 JOIN_S = 5.0  # how long a rank that sent its result gets to exit before it is killed
-PRELOAD = ["numpy", "torch", "torch.distributed", "torchvision", "torch.distributed.fsdp", "torch.distributed.pipelining", "torch.distributed.tensor.parallel", "pytest_mgpu.launch.rank", "pytest_mgpu.launch.worker"]
+# pytest: every test module a rank imports to find its function imports it. Preloaded once (0.13-0.18 s
+# after torch, measured at load 5) rather than by every rank of every rebuilt pool: a rebuilt 4-rank pool
+# was still importing it 6 s after it started at load 4-12 (MEASURED.md "Under load"), past short limits.
+# The ranks' own code never uses it.
+PRELOAD = ["numpy", "torch", "torch.distributed", "pytest", "pytest_mgpu.launch.rank", "pytest_mgpu.launch.worker"]
 
 
 def threads_per_rank(nprocs: int) -> int:
@@ -36,7 +41,7 @@ def threads_per_rank(nprocs: int) -> int:
 def make_task(spec: LaunchSpec, rank: int, fn: Optional[FnRef], payload: bytes, rdv: Rendezvous,
               log_path: str) -> RankTask:
     """The task of one rank: its place in the group, its devices, and the call (if any)."""
-    env = dict(spec.env)
+    env = {**recorder_env(os.environ), **spec.env}  # the flight recorder on, unless the user set it
     if spec.device_type == "cuda":
         env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.device_ids)
         ndev = len(spec.device_ids)

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from . import flight
 from .protocol import FnRef, RankOutcome, RankTask
 from .hygiene import CallWatch
 from .rank import detach, error_outcome, join_group, prepare_rank, run_call, send_outcome
@@ -167,6 +168,7 @@ def worker_main(task: RankTask, conn) -> None:
     """Entry point of a warm rank (target of the forkserver Process)."""
     from torch.distributed import distributed_c10d as c10d
 
+    flight.begin(task.log_path, task.backend)
     detach(task.log_path, task.launcher_pid)
     t0 = time.perf_counter()
     try:
@@ -203,6 +205,7 @@ def _one_call(task: RankTask, call: PoolCall, state: _WarmState, conn) -> None:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
+    flight.begin(call.log_path, task.backend)
     _redirect(call.log_path)
     state.fresh.restore()
     if call.sys_path and sys.path != call.sys_path:

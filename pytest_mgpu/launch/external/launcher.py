@@ -12,13 +12,16 @@ import time
 from typing import Optional
 
 from ..._context import RankContext, set_rank_context
+from .. import flight
 from ..attribution import attribute, returned_early
 from ..base import LaunchResult, LaunchSpec
 from ..collect import raised_problem
 from ..control import Post, WorldBroken
-from ..errors import RankFailure, RankProblem
+from ..desync import Trace, first_disagreement
+from ..errors import RankFailure, RankProblem, timeout_hint, unfinished_summary
 from ..protocol import FnRef, RankOutcome, RankTask, safe_str, type_name
 from ..rank import run_call, seed_everything
+from ..unfinished import Verdict, classify, collective_name, cpu_words
 from .agree import START
 from .detect import ExternalError
 from .session import ExternalSession
@@ -95,6 +98,7 @@ class ExternalLauncher:
                                      device_index=dev.device_index, backend=dev.backend, emulated=spec.emulated,
                                      seed=spec.seed, devices=devices))
         s.control.watch_deadline(deadline, f"dist.run of {fn.qualname} in {spec.label}")
+        flight.begin("", dev.backend)
         try:
             outcome = run_call(task)
         finally:
@@ -115,7 +119,7 @@ class ExternalLauncher:
     def _failure(self, spec: LaunchSpec, wb: WorldBroken, started: bool) -> RankFailure:
         problems = [raised_problem(p.data) for _, p in sorted(wb.posts.items())
                     if not p.ok and isinstance(p.data, RankOutcome)]
-        failed_first = bool(problems)
+        failed_first, timed_out = bool(problems), False
         for r in wb.lost:
             stack = wb.stacks.get(r, "(it did not send its stack)")
             if r not in wb.stacks and started:  # its monitor thread did not answer: the process is gone
@@ -126,17 +130,30 @@ class ExternalLauncher:
                                             "(probably waiting in a collective for it); its stack:", stack,
                                             secondary=True))
             elif started:
-                problems.append(RankProblem(r, "hung", f"did not finish within {spec.timeout_s:g}s (hung); "
-                                            "its Python stack:", stack))
+                timed_out = True
+                problems.append(self._unfinished(spec, r, stack, wb.evidence.get(r)))
             else:
                 problems.append(RankProblem(r, "hung", "did not reach this dist.run; its Python stack:", stack))
         if not problems:
             problems.append(RankProblem(self.session.rank, "stopped", f"could not go on: {wb.reason}"))
         returned = [r for r, p in wb.posts.items() if p.ok] if started else []
-        return RankFailure(spec.describe(), attribute(problems, returned, returned_early), hint=(
+        problems = attribute(problems, returned, returned_early)
+        hint = (timeout_hint(problems, spec.timeout_s, spec.timeout_source) if timed_out else
+                "Raise the limit with dist.run(..., timeout=S) or --mgpu-timeout if the work is just slow.")
+        return RankFailure(spec.describe(), problems, hint=(
             f"{wb.reason}.\nThe job ends here on every rank: a rank left inside a collective (or hung) cannot "
-            "rejoin the process group. Raise the limit with dist.run(..., timeout=S) or --mgpu-timeout if the "
-            "work is just slow."))
+            f"rejoin the process group. {hint}"), collectives=first_disagreement(*_traces(wb, problems)))
+
+    def _unfinished(self, spec: LaunchSpec, r: int, stack: str, said) -> RankProblem:
+        """A rank still in the call at the limit: blocked (hung), still computing or still starting, from
+        what it said of itself (``lost.py``) and its stack, in the words spawned ranks get."""
+        ev, cpu, window = said if said is not None else (None, None, 0.0)
+        v: Verdict = classify(True, cpu, window, stack, ev)
+        where = (f"blocked in {collective_name(v.waiting_in)}" if v.waiting_in is not None else
+                 "blocked in a collective" if v.in_collective else "blocked outside any collective")
+        summary = unfinished_summary(v.kind, f"{spec.timeout_s:g}s", f"the limit set by {spec.timeout_source}",
+                                     cpu_words(v), where)
+        return RankProblem(r, {"blocked": "hung"}.get(v.kind, v.kind), summary, stack, waiting=v.in_collective)
 
     def prewarm(self, spec: LaunchSpec) -> None:
         """Nothing to start: the job's processes are the ranks."""
@@ -148,6 +165,16 @@ class ExternalLauncher:
 
     def close(self) -> None:
         pass
+
+
+def _traces(wb: WorldBroken, problems):
+    """Each rank's collectives: from its result or error (posted), or from what a lost rank said."""
+    traces = {r: Trace(p.data.collectives, p.data.last_collectives) for r, p in wb.posts.items()
+              if isinstance(p.data, RankOutcome)}
+    for r, said in wb.evidence.items():
+        traces[r] = Trace(said[0].collectives, said[0].last)
+    behind = {p.rank for p in problems if p.kind in ("computing", "starting", "raised", "died")}
+    return traces, behind
 
 
 def _cuda_count() -> int:
