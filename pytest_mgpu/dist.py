@@ -124,6 +124,7 @@ class Dist:
             backend=self.backend,
             device_type=self.device_type,
             device_ids=tuple(self.device_ids),
+            test_devices=self.world_size,
             emulated=self.emulated,
             seed=self.seed,
             per_rank_seed=self.per_rank_seed,

@@ -111,7 +111,7 @@ class TwoStage(nn.Sequential):
 
     def __init__(self, split_size: int = 4, bug: str = "", norm: str = "group"):
         super().__init__(*cnn(norm))
-        devices = [torch.device("cuda", d) for d in rank_context().devices] or [torch.device("cpu")]
+        devices = list(rank_context().devices)  # cuda:i on GPUs; cpu once per device on emulated ranks
         self.dev0, self.dev1 = devices[0], devices[-1]
         layers = list(self)
         self.front = nn.Sequential(*layers[:3]).to(self.dev0)
