@@ -34,6 +34,14 @@ class UserFacts(RunFacts):
     rank_batchnorm: List[str] = field(default_factory=list)  # BatchNorm in training mode on the ranks
     stage_of: Dict[str, str] = field(default_factory=dict)  # reference parameter name -> user stage
     output_order: Optional[List[int]] = None  # user output row i is reference row output_order[i]
+    # The user's training loops (assert_same_training), read by loop_hints:
+    rank_rows: List[List[List[float]]] = field(default_factory=list)  # per step, per rank: input rows
+    ref_rows: List[List[float]] = field(default_factory=list)  # per step: the reference's input rows
+    tensor_parallel: bool = False  # DTensor parameters that are not FSDP's: ranks must see the same rows
+    foreign: Dict[str, List[str]] = field(default_factory=dict)  # side -> stepped params of no model run
+    unstepped: Dict[str, List[str]] = field(default_factory=dict)  # side -> model params no optimizer steps
+    set_epoch_calls: Dict[str, int] = field(default_factory=dict)  # side -> DistributedSampler.set_epoch calls
+    frozen: Dict[str, int] = field(default_factory=dict)  # side -> steps its parameters never moved in
 
 
 def replica_name(rank: int, name: str) -> str:
@@ -103,7 +111,9 @@ def _factor(report: Report, f: UserFacts) -> str:
 
 
 def _same_losses(f: UserFacts) -> str:
-    if f.world_size < 2 or not f.rank_losses:
+    # tensor parallel: every rank computes the same loss by design; with input rows recorded,
+    # loop_hints says it from the rows themselves
+    if f.world_size < 2 or not f.rank_losses or f.tensor_parallel or any(f.rank_rows):
         return ""
     if not all(len(set(losses)) == 1 for losses in f.rank_losses):
         return ""
