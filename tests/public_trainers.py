@@ -383,13 +383,12 @@ class GPTTrainer:
         self.loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, sampler=sampler)
 
     def _run_batch(self, source, targets):
-        with torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=self.use_amp):
-            _, loss = self.model(source, targets)
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.bug == "no_sync":
-            with self.model.no_sync():
-                loss.backward()
-        else:
+        import contextlib
+
+        with self.model.no_sync() if self.bug == "no_sync" else contextlib.nullcontext():
+            with torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=self.use_amp):
+                _, loss = self.model(source, targets)
+            self.optimizer.zero_grad(set_to_none=True)
             (loss * dist.get_world_size() if self.bug == "loss_times_world" else loss).backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
         self.optimizer.step()

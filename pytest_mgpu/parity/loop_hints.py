@@ -12,6 +12,7 @@ loop was seen doing (``watch.py``, ``step_recorder.py``), each naming its eviden
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import List
 
@@ -26,6 +27,7 @@ def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog) -> None:
     """Fill the loop evidence of ``facts`` from the sides' records (test process)."""
     steps = len(ref.steps)
     facts.ref_rows = [s.rows for s in ref.steps]
+    facts.ref_losses = [s.loss for s in ref.steps]
     facts.rank_rows = [[side.steps[i].rows for side in ranks] for i in range(steps)]
     facts.tensor_parallel = any(side.tensor_parallel for side in ranks)
     facts.dropout = [f"{n} in {REFERENCE}" for n in ref.dropout] + \
@@ -44,10 +46,9 @@ def loop_hints(report: Report) -> List[str]:
     f = report.facts
     if not isinstance(f, UserFacts) or not f.ref_rows:
         return []
-    epochs = _epochs(f)
-    rows = _rows(f)
-    hints = [epochs, rows, _elsewhere(f), _frozen(f)]
-    if not (rows or epochs or f.dropout):
+    epochs, rows, scaled = _epochs(f), _rows(f), _loss_factor(f)
+    hints = [scaled, epochs, rows, _elsewhere(f), _frozen(f)]
+    if not (rows or epochs or scaled or f.dropout):
         hints.append(_same_params_other_loss(report))
     return [h for h in hints if h]
 
@@ -138,6 +139,26 @@ def _frozen(f: UserFacts) -> str:
     return (f"parameters that never change: {who}'s parameters never moved over its {f.frozen[who]} step(s) "
             "although their gradients are nonzero: its optimizer holds other parameters than the model's, or "
             "its learning rate is 0.")
+
+
+def _loss_factor(f: UserFacts) -> str:
+    """The scalar backpropagated on the ranks is the world size (or its inverse) times the
+    reference's at step 0: a loss scaled before backward (clipping can hide it in the gradients)."""
+    if f.world_size < 2 or not f.rank_losses or not f.ref_losses:
+        return ""
+    mean, ref = sum(f.rank_losses[0]) / f.world_size, f.ref_losses[0]
+    if not (ref and math.isfinite(ref) and math.isfinite(mean)):
+        return ""
+    k, w = mean / ref, f.world_size
+    if abs(k / w - 1) < 0.02:
+        what = f"= the world size {w}: the loss is multiplied by the world size before backward"
+    elif abs(k * w - 1) < 0.02:
+        what = f"= 1/{w}: the loss is divided by the world size before backward"
+    else:
+        return ""
+    return (f"the loss is scaled by the world size: at step 0 the ranks backpropagated {mean:.6g} on average, "
+            f"{k:.4g}x the reference's {ref:.6g} {what} (DDP already averages the gradients; gradient clipping "
+            "or Adam can hide the factor in the update, not in the loss). Fix: backpropagate the plain mean loss.")
 
 
 def _same_params_other_loss(report: Report) -> str:
