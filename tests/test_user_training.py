@@ -51,6 +51,17 @@ def test_a_side_logging_too_few_steps_is_named(dist):
         dist.assert_same_training(B.hand_dp, _short, dist.world_size, steps=3)
 
 
+@world_sizes(2, 4)
+def test_ranks_taking_world_size_times_the_steps_are_told_no_distributed_sampler(dist):
+    """An epoch over the whole data set on every rank: not "each loop must call log" (the loops do)."""
+    w = dist.world_size
+    with pytest.raises(StepCountError) as info:
+        dist.assert_same_training(B.ddp_loop, B.one_device, w, bug="no_sampler_epoch", steps=3)
+    text = str(info.value)
+    assert f"Every rank took {w} x the reference's steps ({3 * w} = {w} x 3)" in text
+    assert "as if there were no DistributedSampler" in text and "must call log" not in text
+
+
 def _names_in_rank(world_size):
     from pytest_mgpu.parity.recorder import Recorder
 
