@@ -82,6 +82,18 @@ def test_fsdp_loops_are_gathered_and_pass(dist, version):
 
 
 @world_sizes(2)
+@pytest.mark.parametrize("version", [2, 1], ids=["fsdp2", "fsdp1"])
+def test_fsdp_loops_recorded_at_optimizer_step_are_gathered_and_pass(dist, version):
+    """record="optimizer": the parameters FSDP's optimizer steps (DTensor shards, FSDP1's original
+    parameters) are gathered and named as the one-device model's."""
+    report = dist.assert_same_training(B.fsdp_loop, B.one_device, B.no_log, dist.world_size, version=version,
+                                       steps=2, record="optimizer")
+    assert {e.name for e in report.errors("grad")} == {"0.weight", "0.bias", "2.weight", "2.bias",
+                                                        "rank 1: 0.weight", "rank 1: 0.bias", "rank 1: 2.weight",
+                                                        "rank 1: 2.bias"}
+
+
+@world_sizes(2)
 def test_the_float64_run_starts_from_the_same_weights_and_data(dist):
     """A float64 tensor draws other random numbers than a float32 one from the same seed: the shadow
     must draw as float32 does, or it trains another network and its "floor" forgives any bug."""
