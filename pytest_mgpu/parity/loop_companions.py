@@ -48,17 +48,21 @@ def float64_dispatch(pins: List[str]):
     def widen(t):
         return t.double() if isinstance(t, torch.Tensor) and t.dtype == torch.float32 else t
 
+    seeded = torch.Tag.nondeterministic_seeded
+
     class Float64Run(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             dtype = kwargs.get("dtype")
-            if isinstance(dtype, torch.dtype) and dtype.is_floating_point and dtype != torch.float64 \
-                    and len(pins) < PINS_KEPT:
+            if dtype is not None and len(pins) < PINS_KEPT and isinstance(dtype, torch.dtype) \
+                    and dtype.is_floating_point and dtype != torch.float64:
                 pins.append(f"{user_line()} (asks for {str(dtype).replace('torch.', '')})")
+            if seeded not in func.tags:  # the fast path: every op but the random ones runs as is
+                return func(*args, **kwargs)
             tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
             wide = any(t.dtype == torch.float64 for t in tensors)
             factory = not tensors and "dtype" not in kwargs  # the default dtype (float64 here) applies
-            if torch.Tag.nondeterministic_seeded not in func.tags or not (wide or factory):
+            if not (wide or factory):
                 return func(*args, **kwargs)
             n_args, n_kwargs = tree_map(narrow, (args, kwargs))
             saved = torch.get_default_dtype()
