@@ -9,7 +9,8 @@ tool), each correct by default and with the bugs users write behind ``bug=``:
   ``DataPartitioner``, ``average_gradients`` (all_reduce SUM, divide), ``init_process(rank, size, fn)``;
 - a minGPT-like trainer: a tiny GPT whose layers are built with ``dtype=torch.float32`` (pinned),
   AdamW with weight-decay groups, gradient clipping, optional bf16 autocast, DDP, epochs;
-- a tensor-parallel feed-forward block: ``ColwiseParallel``/``RowwiseParallel`` on a 1-D CPU mesh.
+- a tensor-parallel feed-forward block: ``ColwiseParallel``/``RowwiseParallel`` on a 1-D CPU mesh;
+- FSDP2 with a bfloat16 ``MixedPrecisionPolicy`` against bf16 autocast on one device.
 Synthetic data only. The test files pair each with its one-device reference.
 """
 import copy
@@ -460,3 +461,40 @@ def tp_one_device(world_size, steps=100, bug=""):
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+
+
+# ---- FSDP2 with a mixed-precision policy, against bf16 autocast on one device ----------------------
+def fsdp_mixed_precision_train(world_size, steps=100, bug=""):
+    """fully_shard with MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32), as the FSDP2
+    tutorial configures it: compute in bfloat16 (the loss too), gradients reduced in float32."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    model = nn.Sequential(nn.Linear(20, 32), nn.Tanh(), nn.Linear(32, 5))
+    fully_shard(model, mesh=init_device_mesh("cpu", (world_size,)),
+                mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    dataset = _classification(world_size * 8 * steps)
+    for x, y in DataLoader(dataset, batch_size=8, sampler=DistributedSampler(dataset, shuffle=False)):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        (loss * world_size if bug == "loss_times_world" else loss).backward()
+        optimizer.step()
+
+
+def autocast_one_device(world_size, steps=100, bug=""):
+    """The same model and data on one device, under bf16 autocast (float32 parameters and loss)."""
+    model = nn.Sequential(nn.Linear(20, 32), nn.Tanh(), nn.Linear(32, 5))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for x, y in DataLoader(_classification(world_size * 8 * steps), batch_size=8 * world_size, shuffle=False):
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x)
+        loss = F.cross_entropy(out.float(), y)
+        loss.backward()
+        optimizer.step()
+
+
+def _classification(n):
+    g = torch.Generator().manual_seed(7)
+    return torch.utils.data.TensorDataset(torch.randn(n, 20, generator=g), torch.randint(0, 5, (n,), generator=g))

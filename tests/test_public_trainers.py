@@ -161,6 +161,18 @@ def test_bf16_autocast_trains_like_one_device_and_a_bug_in_it_still_fails(dist):
                                   dist.world_size, record="optimizer", steps=3, use_amp=True)
 
 
+@SIZES
+def test_fsdp_mixed_precision_is_judged_in_its_own_precision(dist):
+    """FSDP2 param_dtype=bfloat16 computes its loss in bfloat16 (3e-3 from the reference's float32
+    loss at W=4, 130x the float64 run's loss gap): no floor is below bfloat16's eps there."""
+    report = dist.assert_same_training(P.fsdp_mixed_precision_train, P.autocast_one_device, dist.world_size,
+                                       record="optimizer", steps=8)
+    assert report.facts.dtype == "bfloat16"
+    with pytest.raises(ParityError, match="gradients scaled by the world size"):
+        dist.assert_same_training(functools.partial(P.fsdp_mixed_precision_train, bug="loss_times_world"),
+                                  P.autocast_one_device, dist.world_size, record="optimizer", steps=2)
+
+
 @world_sizes(2)
 def test_a_side_that_runs_out_of_steps_is_named(dist):
     with pytest.raises(StepCountError, match=r"took 4 optimizer step\(s\)\. A side that ends before"):

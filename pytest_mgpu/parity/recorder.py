@@ -39,6 +39,7 @@ class SideLog:
     final: Dict[str, object] = field(default_factory=dict)  # parameters after the last step
     dtype: str = ""  # the stepped parameters' dtype at step 0
     autocast: str = ""  # the dtype autocast computed in ("" if off)
+    loss_dtype: str = ""  # the dtype of the loss backpropagated (bfloat16 under FSDP's param_dtype=bf16)
     tensor_parallel: bool = False  # DTensor parameters, not FSDP's: every rank must see the same rows
     foreign: List[str] = field(default_factory=list)  # stepped parameters of no module run forward
     unstepped: List[str] = field(default_factory=list)  # trained model's parameters no optimizer steps
@@ -105,10 +106,15 @@ class Recorder:
             params = {n: full_copy(p) for n, p in named}
         if not self.side.steps:
             describe(self.side, [("", model)], params)
+            self.side.loss_dtype = dtype_name(loss_t.dtype)
         rows = self.watch.take_inputs().rows if self.watch is not None else []
         self.side.steps.append(StepLog(float(loss_t.reshape(()).double().item()), grads, params, rows))
         if self.on_first and len(self.side.steps) == 1:
             self.on_first(self.side)
+
+
+def dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
 
 def describe(side: SideLog, models: List[Tuple[str, object]], params: Dict[str, object]) -> None:
@@ -130,7 +136,7 @@ def describe(side: SideLog, models: List[Tuple[str, object]], params: Dict[str, 
         dtensor = any(hasattr(p, "full_tensor") for p in model.parameters())
         side.tensor_parallel = side.tensor_parallel or (dtensor and not fsdp)
     first = next((t for t in params.values() if t is not None), None)
-    side.dtype = str(first.dtype).replace("torch.", "") if first is not None else ""
+    side.dtype = dtype_name(first.dtype) if first is not None else ""
 
 
 def record(fn, args: tuple, kwargs: dict, steps: int) -> SideLog:

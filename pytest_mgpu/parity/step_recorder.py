@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 from typing import Callable, Dict, List, Optional, Tuple
 
-from .recorder import SideLog, StepLog, clean_name, describe, fsdp1_full_params, full_copy, unwrap
+from .recorder import SideLog, StepLog, clean_name, describe, dtype_name, fsdp1_full_params, full_copy, unwrap
 from .watch import Watch
 
 
@@ -73,6 +73,7 @@ class StepRecorder:
         if not self.side.steps:
             describe(self.side, self.models, params)
             self.side.autocast = self.watch.autocast
+            self.side.loss_dtype = dtype_name(self.watch.loss.dtype) if self.watch.loss is not None else ""
         rows = self.watch.take_inputs().rows
         self.side.steps.append(StepLog(self.watch.loss_value(), grads, params, rows))
         if self.on_first and len(self.side.steps) == 1:
