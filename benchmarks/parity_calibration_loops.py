@@ -121,7 +121,8 @@ def is_loops(path: Path) -> bool:
 
 def loop_ratio(row, rule: str) -> float:
     """The run's worst error / line (> 1 fails) with the floors ``rule`` allows: the float64 run's,
-    the twin's, or as shipped (the float64 run's where it ran, else the twin's)."""
+    the twin's, or as shipped (the float64 run's where it ran, the twin's where it did not or where
+    the run is in a low precision: loops.add_companions)."""
     from pytest_mgpu.parity import tolerance as T
     from pytest_mgpu.parity.records import RunFacts, StepRecord, TensorError
 
@@ -131,7 +132,7 @@ def loop_ratio(row, rule: str) -> float:
     facts = RunFacts(row["strategy"], row["world"], dtype=dtype, microbatches=row["world"])
     shadow_ran = any(t[5] is not None and math.isfinite(t[5]) for t in row["tensors"])
     use_floor = rule == RULES[0] or (rule == RULES[2] and shadow_ran)
-    use_twin = rule == RULES[1] or (rule == RULES[2] and not shadow_ran)
+    use_twin = rule == RULES[1] or (rule == RULES[2] and (not shadow_ran or dtype == "bfloat16"))
     records = {}
     for step, kind, name, err, ref, floor, numel, twin in row["tensors"]:
         e = TensorError(kind, name, (numel,), err, ref, norm_err=err, norm_ref=ref, numel=numel,

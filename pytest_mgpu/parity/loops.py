@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Literal, Optional, Tuple
 
 from .distance import gap
-from .loop_companions import float64_dispatch, split_sums
+from .loop_companions import LOW, float64_dispatch, split_sums
 from .recorder import Recorder, SideLog
 from .records import Portable
 from .step_recorder import StepRecorder, StopTraining
@@ -106,7 +106,13 @@ def run_side(job: LoopJob, fn, rank: int, tag: str = "", mode=None,
 
 
 def add_companions(result: SideResult, job: LoopJob, fn, seed: int) -> None:
-    """The float64 shadow where it can run; the same-precision twin where it cannot."""
+    """The float64 shadow where it can run; the same-precision twin where it cannot, and beside it
+    where the reference computes in a low precision (autocast, bfloat16 parameters or loss): the
+    float64 run measures the reference's distance from exact arithmetic, the twin the distance
+    between two runs in that precision, and the line takes the larger. Measured on the minGPT-like
+    trainer in bf16 autocast, W=4, 100 AdamW steps: with the float64 run alone a correct run came
+    to 0.37 of the line (Adam's first step flips the sign of near-zero bias gradients, which bf16
+    rounding moves and float64 does not); with the twin, 0.06."""
     shadow, why = run_shadow(job, fn, seed)
     if shadow is not None:
         why = same_start(result.side, shadow)
@@ -114,7 +120,9 @@ def add_companions(result: SideResult, job: LoopJob, fn, seed: int) -> None:
         result.shadow = step_gaps(result.side, shadow)
     else:
         result.floor_notes.append(f"no float64 run: {why}")
-    if result.shadow and os.environ.get(COMPANIONS_ENV) != "both":
+    side = result.side
+    low = any(d in LOW for d in (side.autocast, side.dtype, side.loss_dtype))
+    if result.shadow and not low and os.environ.get(COMPANIONS_ENV) != "both":
         return
     from ..launch.rank import seed_everything
 
@@ -125,10 +133,10 @@ def add_companions(result: SideResult, job: LoopJob, fn, seed: int) -> None:
         result.floor_notes.append(f"no same-precision twin either ({type(exc).__name__}: {exc})")
         return
     result.twin = step_gaps(result.side, twin)
-    if not result.shadow:
+    if not result.shadow or low:
         result.floor_notes.append(
-            f"the floor was measured in the loop's own precision ({result.side.autocast or result.side.dtype}) "
-            "by a twin of the reference that sums every matrix product as two halves")
+            f"the floor was measured in the loop's own precision ({side.autocast or side.dtype}) by a twin of the "
+            "reference that sums every matrix product as two halves" + (", beside the float64 run" if result.shadow else ""))
 
 
 def run_shadow(job: LoopJob, fn, seed: int) -> Tuple[Optional[SideLog], str]:
