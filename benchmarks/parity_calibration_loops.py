@@ -126,13 +126,11 @@ def loop_ratio(row, rule: str) -> float:
     from pytest_mgpu.parity import tolerance as T
     from pytest_mgpu.parity.records import RunFacts, StepRecord, TensorError
 
-    # the judge's dtype is the least precise one either side computed in (training.lowest_precision);
-    # rows recorded before it read autocast carry float32 for a bf16-autocast run
-    dtype = "bfloat16" if "bf16" in row["precision"] else row["dtype"]
-    facts = RunFacts(row["strategy"], row["world"], dtype=dtype, microbatches=row["world"])
+    low = "bf16" in row["precision"] or row["dtype"] in ("bfloat16", "float16")  # the twin runs beside
+    facts = RunFacts(row["strategy"], row["world"], dtype=row["dtype"], microbatches=row["world"])
     shadow_ran = any(t[5] is not None and math.isfinite(t[5]) for t in row["tensors"])
     use_floor = rule == RULES[0] or (rule == RULES[2] and shadow_ran)
-    use_twin = rule == RULES[1] or (rule == RULES[2] and (not shadow_ran or dtype == "bfloat16"))
+    use_twin = rule == RULES[1] or (rule == RULES[2] and (not shadow_ran or low))
     records = {}
     for step, kind, name, err, ref, floor, numel, twin in row["tensors"]:
         e = TensorError(kind, name, (numel,), err, ref, norm_err=err, norm_ref=ref, numel=numel,
