@@ -28,6 +28,47 @@ class StepLog:
     params: Dict[str, object]
     rows: List[float] = field(default_factory=list)  # fingerprints of the input rows (watch.py)
 
+    def __reduce__(self):
+        """Crosses back packed: every tensor of a step in one flat buffer per dtype. Measured on the
+        minGPT-like trainer, 20 steps: 1,160 small tensors pickled and unpickled in 0.25 s, packed in
+        0.02 s (a parity call moves one such record per rank, and one for the reference)."""
+        return unpack_step, (self.loss, pack(self.grads), pack(self.params), self.rows)
+
+
+def pack(tensors: Dict[str, object]):
+    """name -> tensor (or None) as (names, [(dtype, shape, offset) or None], {dtype: flat buffer})."""
+    import torch
+
+    metas, chunks, sizes = [], {}, {}
+    for t in tensors.values():
+        if t is None:
+            metas.append(None)
+            continue
+        key = str(t.dtype)
+        metas.append((key, tuple(t.shape), sizes.get(key, 0)))
+        sizes[key] = sizes.get(key, 0) + t.numel()
+        chunks.setdefault(key, []).append(t.reshape(-1))
+    return list(tensors), metas, {k: torch.cat(v) for k, v in chunks.items()}
+
+
+def unpack(packed) -> Dict[str, object]:
+    names, metas, flats = packed
+    out = {}
+    for name, meta in zip(names, metas):
+        if meta is None:
+            out[name] = None
+            continue
+        key, shape, offset = meta
+        n = 1
+        for d in shape:
+            n *= d
+        out[name] = flats[key][offset:offset + n].view(shape)
+    return out
+
+
+def unpack_step(loss: float, grads, params, rows) -> "StepLog":
+    return StepLog(loss, unpack(grads), unpack(params), rows)
+
 
 @dataclass
 class SideLog:

@@ -18,7 +18,7 @@ proves nothing and fails (``vacuous.py``).
 from __future__ import annotations
 
 import warnings
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ..launch.errors import RankFailure
 from .distance import compare, tensor_error
@@ -137,9 +137,7 @@ def compare_sides(ranks: List[SideLog], ref: SideResult, name: str) -> RankResul
         for kind, got, ref_t in (("grad", logs[0].grads, want.grads), ("param", logs[0].params, want.params)):
             rec.errors += compare(kind, got, ref_t)
             for r in range(1, world):
-                for e in compare(kind, getattr(logs[r], kind + "s"), got):
-                    e.name = replica_name(r, e.name)
-                    rec.errors.append(e)
+                rec.errors += replicas(kind, r, getattr(logs[r], kind + "s"), got)
         _attach(rec.errors, shadow, twin)
         records.append(rec)
     return RankResult(records, facts)
@@ -155,6 +153,26 @@ def lowest_precision(sides: List[SideLog]) -> str:
     against 4,220x)."""
     seen = {d for side in sides for d in (side.dtype, side.loss_dtype) if d in EPS}
     return max(seen, key=EPS.__getitem__, default="float32")
+
+
+def replicas(kind: str, rank: int, theirs: Dict, rank0: Dict) -> List[TensorError]:
+    """Rank ``rank``'s tensors against rank 0's, as rows ``rank r: <name>``. Replicas of DDP, FSDP
+    and tensor parallel are bitwise equal when correct; those skip the full error summary (measured:
+    half of the test process's judging time at W=2, 3/4 at W=4)."""
+    import torch
+
+    out, equal = [], set()
+    for name, t in theirs.items():
+        mine = rank0.get(name)
+        if t is not None and mine is not None and t.shape == mine.shape and t.dtype == mine.dtype \
+                and t.is_floating_point() and torch.equal(t, mine):
+            out.append(TensorError(kind, replica_name(rank, name), tuple(t.shape), 0.0, 0.0, numel=t.numel()))
+            equal.add(name)
+    rest = compare(kind, {n: t for n, t in theirs.items() if n not in equal},
+                   {n: t for n, t in rank0.items() if n not in equal})
+    for e in rest:
+        e.name = replica_name(rank, e.name)
+    return out + rest
 
 
 def _attach(errors: List[TensorError], shadow: Gaps, twin: Gaps) -> None:
