@@ -163,13 +163,14 @@ def _seeded(batch_fn, seed, step):
 
 
 def run(out: Path, seeds: int, select: str, loops: bool = False, budget: float = math.inf, steps: int = 100,
-        bug_steps: int = 100, sizes: str = "2,4") -> None:
+        bug_steps: int = 100, sizes: str = "2,4", first_seed: int = 0) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         test = Path(tmp) / "test_calibration.py"
         test.write_text(LOOPS_FILE if loops else TEST_FILE)
         env = dict(os.environ, CALIBRATION_OUT=str(out), CALIBRATION_SEEDS=str(seeds),
                    CALIBRATION_DEADLINE=str(time.time() + budget), CALIBRATION_STEPS=str(steps),
                    CALIBRATION_BUG_STEPS=str(bug_steps), CALIBRATION_SIZES=sizes,
+                   CALIBRATION_FIRST_SEED=str(first_seed),
                    PYTEST_MGPU_PARITY_COMPANIONS="both",
                    PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         cmd = [sys.executable, "-m", "pytest", str(test), "--mgpu-fallback=cpu", "-q", "-p", "no:cacheprovider",
@@ -248,13 +249,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100, help="--loops: optimizer steps of a correct run")
     parser.add_argument("--bug-steps", type=int, default=100, help="--loops: optimizer steps of a bug run")
     parser.add_argument("--sizes", default="2,4", help="--loops: world sizes, comma-separated")
+    parser.add_argument("--first-seed", type=int, default=0, help="--loops: seeds first-seed .. first-seed+seeds-1")
     args = parser.parse_args()
     if args.analyze:
         (analyze_loops if _is_loops(args.analyze) else analyze)(args.analyze)
         return
     out = args.out or Path(tempfile.mkdtemp()) / "calibration.jsonl"
     t0 = time.time()
-    run(out, args.seeds, args.select, args.loops, args.budget, args.steps, args.bug_steps, args.sizes)
+    run(out, args.seeds, args.select, args.loops, args.budget, args.steps, args.bug_steps, args.sizes, args.first_seed)
     print(f"runs written to {out} ({time.time() - t0:.0f} s)")
     (analyze_loops if args.loops else analyze)(out)
 
