@@ -64,7 +64,8 @@ def assert_same_training(dist, fn, reference_fn, *args, steps: int = 3, record: 
         warnings.warn(f"assert_same_training(spawn=True): {note}", RuntimeWarning, stacklevel=3)
     _check_counts([("reference_fn (one process)", ref.side)] +
                   [(f"fn on rank {r}", side.side) for r, side in enumerate(ranks)], steps, record, dist.world_size)
-    result = compare_sides([side.side for side in ranks], ref, name=getattr(fn, "__name__", "fn"))
+    name = getattr(getattr(fn, "func", fn), "__name__", "fn")  # a functools.partial's function
+    result = compare_sides([side.side for side in ranks], ref, name=name)
     plan = getattr(dist, "plan", None)
     where = plan.describe() if plan is not None else f"{dist.world_size} x {dist.device_type}"
     report = judge(result, result.facts.strategy, dist.world_size, where, rtol, atol, False)
