@@ -52,7 +52,7 @@ def evidence(side: SideLog) -> List[str]:
     if zero_grads(side):
         found.append(f"every gradient was exactly zero (or None) at every one of its {n} step(s)")
     if constant_loss(side):
-        found.append(f"its loss was {side.steps[0].loss:.6g} at every step")
+        found.append(f"its loss was {side.steps[0].loss + 0.0:.6g} at every step")  # + 0.0: no "-0"
     if never_moved(side):
         found.append(f"its parameters never moved ({n} step(s){', and after the last' if side.final else ''})")
     return found
