@@ -129,7 +129,7 @@ def loop_ratio(row, rule: str) -> float:
     from pytest_mgpu.parity.records import RunFacts, StepRecord, TensorError
 
     low = "bf16" in row["precision"] or row["dtype"] in ("bfloat16", "float16")  # the twin runs beside
-    facts = RunFacts(row["strategy"], row["world"], dtype=row["dtype"], microbatches=row["world"])
+    facts = RunFacts(row["strategy"], row["world"], dtype=row["dtype"], microbatches=row["world"], resynced=False)
     shadow_ran = any(t[5] is not None and math.isfinite(t[5]) for t in row["tensors"])
     use_floor = rule == RULES[0] or (rule == RULES[2] and shadow_ran)
     use_twin = rule == RULES[1] or (rule == RULES[2] and (not shadow_ran or low))
@@ -176,4 +176,5 @@ def analyze_loops(path: Path) -> None:
               f"{n_bug} bug runs, weakest {min(bug, default=math.inf):.3g}, {missed} missed")
     named = sum(row["named"] for row in rows if row["bug"])
     print(f"hints: {named} of {sum(1 for row in rows if row['bug'])} bug runs named their cause; "
-          f"{sum(1 for row in rows if not row['bug'] and not row['passed'])} correct run(s) failed as shipped")
+          f"{sum(1 for row in rows if not row['bug'] and not row['passed'])} correct run(s) failed as judged when "
+          "recorded (by the plugin of that time; the figures above re-judge them with this checkout's rule)")

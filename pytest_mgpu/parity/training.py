@@ -124,7 +124,8 @@ def compare_sides(ranks: List[SideLog], ref: SideResult, name: str) -> RankResul
 
     world = len(ranks)
     facts = UserFacts(strategy=f"{name} (your training loop)", world_size=world, microbatches=world,
-                      exact_note="the ranks sum gradients over shards in another order than one device")
+                      exact_note="the ranks sum gradients over shards in another order than one device",
+                      resynced=False)
     side_facts(facts, ranks, ref.side)
     facts.dtype = lowest_precision(ranks + [ref.side])
     records = []
