@@ -13,6 +13,21 @@ with candidate rules and prints, per rule and configuration, the worst error / f
     python benchmarks/parity_calibration.py --seeds 5 --out runs.jsonl
     python benchmarks/parity_calibration.py --analyze runs.jsonl
 
+``--loops`` calibrates ``assert_same_training`` instead, on the user's own loops, which cannot be
+re-synchronized: small equivalents of public training code (tests/public_trainers.py: a minGPT-like
+trainer with AdamW, float32 pinned or not, in float32 and in bf16 autocast; the DDP tutorial's Trainer
+through mp.spawn; the hand-written all_reduce SGD; a tensor-parallel block) for ``--steps`` optimizer
+steps (default 100), at world sizes 2 and 4, and the bug set in each setting. It runs every reference
+with both companions (the float64 run where it can happen, and the same-precision twin), so the table
+shows each floor alone and the rule as shipped (the float64 run where it ran, else the twin), in
+units of the line (a run fails above 1):
+
+    python benchmarks/parity_calibration.py --loops --seeds 3 --budget 3600      # the full zoo, ~1-2 h
+    python benchmarks/parity_calibration.py --loops --seeds 1 --steps 40 --budget 900 -k "minGPT"
+
+``--budget S`` stops starting runs after S seconds (the table covers what ran); ``-k`` selects
+configurations by name (pytest's -k); ``--sizes 2`` keeps one world size.
+
 A rule separates well when every correct run sits far below the chosen multiple and every bug far
 above it. Prints; asserts nothing.
 """
@@ -25,9 +40,11 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections import defaultdict
 from pathlib import Path
 
+from parity_calibration_loops import LOOPS_FILE, analyze_loops, is_loops as _is_loops
 from tabulate import tabulate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,14 +162,19 @@ def _seeded(batch_fn, seed, step):
 '''
 
 
-def run(out: Path, seeds: int, select: str) -> None:
+def run(out: Path, seeds: int, select: str, loops: bool = False, budget: float = math.inf, steps: int = 100,
+        bug_steps: int = 100, sizes: str = "2,4", first_seed: int = 0) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         test = Path(tmp) / "test_calibration.py"
-        test.write_text(TEST_FILE)
+        test.write_text(LOOPS_FILE if loops else TEST_FILE)
         env = dict(os.environ, CALIBRATION_OUT=str(out), CALIBRATION_SEEDS=str(seeds),
+                   CALIBRATION_DEADLINE=str(time.time() + budget), CALIBRATION_STEPS=str(steps),
+                   CALIBRATION_BUG_STEPS=str(bug_steps), CALIBRATION_SIZES=sizes,
+                   CALIBRATION_FIRST_SEED=str(first_seed),
+                   PYTEST_MGPU_PARITY_COMPANIONS="both",
                    PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         cmd = [sys.executable, "-m", "pytest", str(test), "--mgpu-fallback=cpu", "-q", "-p", "no:cacheprovider",
-               "--rootdir", tmp, "-x"] + (["-k", select] if select else [])
+               "--rootdir", tmp] + ([] if loops else ["-x"]) + (["-k", select] if select else [])
         subprocess.run(cmd, env=env, cwd=tmp, check=False)
 
 
@@ -222,15 +244,21 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--analyze", type=Path, default=None, help="judge recorded runs, run nothing")
     parser.add_argument("-k", dest="select", default="")
+    parser.add_argument("--loops", action="store_true", help="assert_same_training on public training loops")
+    parser.add_argument("--budget", type=float, default=math.inf, help="seconds after which no run starts")
+    parser.add_argument("--steps", type=int, default=100, help="--loops: optimizer steps of a correct run")
+    parser.add_argument("--bug-steps", type=int, default=100, help="--loops: optimizer steps of a bug run")
+    parser.add_argument("--sizes", default="2,4", help="--loops: world sizes, comma-separated")
+    parser.add_argument("--first-seed", type=int, default=0, help="--loops: seeds first-seed .. first-seed+seeds-1")
     args = parser.parse_args()
     if args.analyze:
-        analyze(args.analyze)
+        (analyze_loops if _is_loops(args.analyze) else analyze)(args.analyze)
         return
     out = args.out or Path(tempfile.mkdtemp()) / "calibration.jsonl"
-    run(out, args.seeds, args.select)
-    print(f"runs written to {out}")
-    analyze(out)
-
+    t0 = time.time()
+    run(out, args.seeds, args.select, args.loops, args.budget, args.steps, args.bug_steps, args.sizes, args.first_seed)
+    print(f"runs written to {out} ({time.time() - t0:.0f} s)")
+    (analyze_loops if args.loops else analyze)(out)
 
 if __name__ == "__main__":
     main()

@@ -6,6 +6,16 @@ alternately in one pytest session, so both see the same machine load.
     python benchmarks/parity_cost.py --repeat 3
 
 Prints the median seconds per call with and without, and the ratio. Asserts nothing.
+
+``--training`` measures ``dist.assert_same_training`` instead: per case, the call against running the
+two loops once each (the distributed loop in the ranks, the one-device loop in one process, each
+stopped after the same N steps by a bare optimizer hook), alternately in one session. The ratio is
+what recording, the companions (float64 run or same-precision twin) and the judgement cost on top of
+the user's own training; the budget is 3x. ``--root /work/main`` runs the same log-mode cases
+against another checkout (the figure before a change; record="optimizer" cases need this one):
+
+    python benchmarks/parity_cost.py --training --repeat 3
+    python benchmarks/parity_cost.py --training --root ../main --cases log
 """
 from __future__ import annotations
 
@@ -60,15 +70,19 @@ def test_cost(dist, case, repeat):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--training", action="store_true", help="assert_same_training against the loops alone")
+    parser.add_argument("--root", type=Path, default=ROOT, help="the checkout whose pytest_mgpu is measured")
+    parser.add_argument("--cases", default="", help="--training: 'log' or 'optimizer' keeps those cases")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "cost.jsonl"
-        (Path(tmp) / "test_cost.py").write_text(TEST_FILE)
-        env = dict(os.environ, COST_OUT=str(out), COST_REPEAT=str(args.repeat),
-                   PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        (Path(tmp) / "test_cost.py").write_text(TRAINING_FILE if args.training else TEST_FILE)
+        env = dict(os.environ, COST_OUT=str(out), COST_REPEAT=str(args.repeat), COST_CASES=args.cases,
+                   PYTHONPATH=os.pathsep.join([str(args.root.resolve()), os.environ.get("PYTHONPATH", "")]))
         subprocess.run([sys.executable, "-m", "pytest", "test_cost.py", "--mgpu-fallback=cpu", "-q", "-p",
                         "no:cacheprovider", "--rootdir", tmp], env=env, cwd=tmp, check=False)
         rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    heads = ("loops once each", "assert_same_training") if args.training else ("without", "with companions")
     cases = sorted({r["case"] for r in rows}, key=[r["case"] for r in rows].index)
     table, tot = [], {True: 0.0, False: 0.0}
     for case in cases:
@@ -78,7 +92,101 @@ def main() -> None:
         tot[False] += med[False]
         table.append([case, f"{med[False]:.2f}", f"{med[True]:.2f}", f"{med[True] / med[False]:.2f}x"])
     table.append(["all of the above", f"{tot[False]:.2f}", f"{tot[True]:.2f}", f"{tot[True] / max(tot[False], 1e-9):.2f}x"])
-    print(tabulate(table, headers=["parity call", "s without", "s with companions", "ratio"]))
+    print(tabulate(table, headers=["call", f"s {heads[0]}", f"s {heads[1]}", "ratio"]))
+
+
+TRAINING_FILE = '''
+import functools, json, os, time, pytest, torch
+from tests import user_bugs as B
+
+OUT = os.environ["COST_OUT"]
+KEEP = os.environ.get("COST_CASES", "")
+
+
+class _Stop(BaseException):
+    pass
+
+
+def _stop_after(steps, fn, *args, **kwargs):
+    """The loop alone, stopped after ``steps`` optimizer steps by a bare global hook."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    count = [0]
+
+    def hook(opt, a, k):
+        count[0] += 1
+        if count[0] == steps:
+            raise _Stop()
+
+    handle = register_optimizer_step_post_hook(hook)
+    try:
+        fn(*args, **kwargs)
+    except _Stop:
+        pass
+    finally:
+        handle.remove()
+
+
+def _no_log(model, loss):
+    pass
+
+
+def _log_loop(fn, *args, **kwargs):
+    fn(_no_log, *args, **kwargs)
+
+
+CASES = [("hand_dp (log)", "log", B.hand_dp, B.one_device, {"steps": 3}, (2, 4))]
+try:
+    from tests import public_trainers as P  # this checkout's public trainers (record="optimizer")
+except ImportError:
+    P = None
+if P is not None:
+    CASES += [
+        ("ddp tutorial (mp.spawn)", "optimizer", "tutorial", None, {"steps": 10, "spawn": True}, (2, 4)),
+        ("minGPT f32-pinned (twin)", "optimizer", P.gpt_ddp_train, P.gpt_one_device, {"steps": 20}, (2, 4)),
+        ("minGPT dtype=None (float64 run)", "optimizer", functools.partial(P.gpt_ddp_train, dtype=None),
+         functools.partial(P.gpt_one_device, dtype=None), {"steps": 20}, (2,)),
+        ("tensor parallel", "optimizer", P.tp_train, P.tp_one_device, {"steps": 20}, (2,)),
+    ]
+CASES = [c for c in CASES if not KEEP or c[1] == KEEP]
+
+
+def _programs(case, w):
+    name, record, fn, ref, opts, _ = case
+    if fn == "tutorial":
+        fn = functools.partial(P.multigpu_main, world_size=w, save_every=10**6, total_epochs=1000, batch_size=16)
+        ref = functools.partial(P.single_gpu_main, "cpu", 1000, 10**6, 16 * w)
+        return fn, ref, ()
+    return fn, ref, (w,)
+
+
+@pytest.mark.parametrize("repeat", range(int(os.environ.get("COST_REPEAT", "2")) + 1))  # 0: warm-up
+@pytest.mark.parametrize("case", [pytest.param(c, marks=getattr(pytest.mark, f"gpu{w}"), id=f"{c[0]}-w{w}")
+                                  for c in CASES for w in c[5]])
+def test_cost(dist, case, repeat):
+    name, record, _, _, opts, _ = case
+    fn, ref, args = _programs(case, dist.world_size)
+    steps = opts["steps"]
+    for checked in ((True, False) if repeat % 2 == 0 else (False, True)):
+        t0 = time.perf_counter()
+        if checked:
+            extra = {} if record == "log" else {"record": "optimizer"}
+            dist.assert_same_training(fn, ref, *args, **opts, **extra)
+        elif record == "log":
+            dist.run(_log_loop, fn, *args, steps=steps)
+            dist.run_single(_log_loop, ref, *args, steps=steps)
+        elif opts.get("spawn"):
+            dist.spawn(functools.partial(_stop_after, steps, fn))
+            dist.run_single(_stop_after, steps, ref)
+        else:
+            dist.run(_stop_after, steps, fn, *args)
+            dist.run_single(_stop_after, steps, ref, *args)
+        if repeat == 0:
+            continue  # the first round imports what each side needs in the warm ranks: not counted
+        with open(OUT, "a") as f:
+            f.write(json.dumps({"case": f"{name} x{dist.world_size}", "companions": checked,
+                                "s": time.perf_counter() - t0}) + "\\n")
+'''
 
 
 if __name__ == "__main__":

@@ -9,9 +9,11 @@ from .timing.measure import Measurement, TaskSpec
 __all__ = [
     "DevicePlan",
     "Measurement",
+    "ParityError",
     "RankContext",
     "RankFailure",
     "Simulation",
+    "StepCountError",
     "TaskSpec",
     "in_rank",
     "rank_context",
@@ -20,3 +22,17 @@ __all__ = [
     "world_sizes",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """The parity errors, imported on first use: ``import pytest_mgpu`` (in every pytest run, and
+    in every rank) stays free of the parity package's imports (tabulate, ~60 ms)."""
+    if name == "ParityError":
+        from .parity.report import ParityError
+
+        return ParityError
+    if name == "StepCountError":
+        from .parity.training import StepCountError
+
+        return StepCountError
+    raise AttributeError(f"module 'pytest_mgpu' has no attribute {name!r}")

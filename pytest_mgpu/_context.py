@@ -7,7 +7,7 @@ Set once by the rank bootstrap (``launch/rank.py``) before the user's code runs;
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,15 @@ class RankContext:
     backend: str
     emulated: bool
     seed: int
-    devices: Tuple[int, ...] = ()  # every visible device index this rank may use (model parallel)
+    # The torch.device of every device this process may use (model parallel, DataParallel): its
+    # cuda:i on GPUs; on emulated ranks ``cpu`` once per device of the test it stands in for, so code
+    # written for N devices (``devs[0]``, ``devs[-1]``, ``len(devs)``) runs unchanged on the CPU.
+    devices: Tuple[Any, ...] = ()
+
+    @property
+    def device_indices(self) -> Tuple[int, ...]:
+        """The CUDA indices of ``devices`` (empty on CPU ranks)."""
+        return tuple(d.index for d in self.devices if d.type == "cuda")
 
     def device(self):
         import torch
@@ -30,6 +38,15 @@ class RankContext:
         if self.device_type == "cuda":
             return torch.device("cuda", self.device_index)
         return torch.device("cpu")
+
+
+def torch_devices(device_type: str, indices: Sequence[int]) -> Tuple[Any, ...]:
+    """``RankContext.devices`` from the launcher's device indices (on CPU: one ``cpu`` per index)."""
+    import torch
+
+    if device_type == "cuda":
+        return tuple(torch.device("cuda", i) for i in indices)
+    return tuple(torch.device("cpu") for _ in indices)
 
 
 _current: Optional[RankContext] = None

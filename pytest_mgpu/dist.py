@@ -109,8 +109,10 @@ class Dist:
         return assert_parity(self, strategy, model_fn, batch_fn, **kwargs)
 
     def assert_same_training(self, fn, reference_fn, *args, steps: int = 3, **kwargs):
-        """The user's distributed loop ``fn(log, *args, steps=, **kwargs)`` in every rank against
-        their one-device ``reference_fn(log, ...)``, step by step. See ``parity.training``."""
+        """The user's distributed loop in every rank against their one-device ``reference_fn``, step
+        by step: ``fn(log, *args, steps=, **kwargs)`` (``record="log"``), ``fn(*args, **kwargs)``
+        with a step per ``optimizer.step()`` (``record="optimizer"``), ``fn(rank, *args, **kwargs)``
+        as mp.spawn calls it (``spawn=True``). See ``parity.training``."""
         __tracebackhide__ = True
         from .parity.training import assert_same_training
 
@@ -124,6 +126,7 @@ class Dist:
             backend=self.backend,
             device_type=self.device_type,
             device_ids=tuple(self.device_ids),
+            test_devices=self.world_size,
             emulated=self.emulated,
             seed=self.seed,
             per_rank_seed=self.per_rank_seed,

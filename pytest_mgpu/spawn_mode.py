@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable, List, Optional
 
+from .cuda_only import add_cuda_hint
+from .launch.errors import RankFailure
 from .parity.records import Portable
 
 _CALLS = itertools.count()  # in the test process: one store prefix per dist.spawn call
@@ -33,11 +35,20 @@ class SpawnValue:
     notes: List[str] = field(default_factory=list)
 
 
+def new_prefix() -> str:
+    """A store prefix no other call of this pytest process uses (test-process side)."""
+    return f"mgpu-spawn/{next(_CALLS)}/"
+
+
 def spawn(dist, fn: Callable, args: tuple, kwargs: dict) -> List[Any]:
     """The test-process side: send ``fn`` to every rank through ``dist.run``; warn about changes."""
     __tracebackhide__ = True
-    prefix = f"mgpu-spawn/{next(_CALLS)}/"
-    outs = dist.run(spawn_entry, Portable.of(fn, "dist.spawn's fn"), prefix, args, kwargs)
+    prefix = new_prefix()
+    try:
+        outs = dist.run(spawn_entry, Portable.of(fn, "dist.spawn's fn"), prefix, args, kwargs)
+    except RankFailure as failure:  # a script written for GPUs, on CPU ranks: name the call
+        add_cuda_hint(failure, dist.emulated)
+        raise
     for note in dict.fromkeys(n for out in outs for n in out.notes):
         warnings.warn(f"dist.spawn: {note}", RuntimeWarning, stacklevel=3)
     return [out.value for out in outs]
@@ -46,19 +57,28 @@ def spawn(dist, fn: Callable, args: tuple, kwargs: dict) -> List[Any]:
 def spawn_entry(fn: Portable, prefix: str, args: tuple, kwargs: dict) -> SpawnValue:
     """Runs in every rank: no process group while ``fn(rank, *args, **kwargs)`` runs, except the
     one the user's code builds itself (redirected onto this test's store)."""
-    import torch.distributed as tdist
-
     from ._context import rank_context
 
     ctx = rank_context()
     user_fn = fn.load()
+    return without_group(prefix, lambda: user_fn(ctx.rank, *args, **kwargs))
+
+
+def without_group(prefix: str, call: Callable[[], Any]) -> SpawnValue:
+    """Run ``call()`` in this rank as an ``mp.spawn`` child runs: with no process group up, its own
+    ``init_process_group`` joining this test's rendezvous under ``prefix``. Also what
+    ``assert_same_training(spawn=True)`` runs each side's loop in."""
+    import torch.distributed as tdist
+
+    from ._context import rank_context
+
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])  # this test's store
     if tdist.is_initialized():
         tdist.destroy_process_group()
-    redirect = Redirect(ctx, host, port, prefix)
+    redirect = Redirect(rank_context(), host, port, prefix)
     try:
         with redirect.installed():
-            value = user_fn(ctx.rank, *args, **kwargs)
+            value = call()
     except BaseException:
         if tdist.is_initialized():
             tdist.destroy_process_group()  # no barrier: the peers may be gone

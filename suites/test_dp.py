@@ -47,7 +47,7 @@ class _SizeRecorder(nn.Module):
 def _scatter_sizes(batch):
     ids = list(rank_context().devices)
     model = _SizeRecorder().cuda(ids[0])
-    out = nn.DataParallel(model, device_ids=ids)(torch.randn(batch, 5, device=f"cuda:{ids[0]}"))
+    out = nn.DataParallel(model, device_ids=ids)(torch.randn(batch, 5, device=ids[0]))
     return sorted(model.seen), list(out.shape), str(out.device)
 
 

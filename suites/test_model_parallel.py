@@ -49,7 +49,7 @@ def test_eval_mode_outputs_equal_the_unsplit_model(dist):
 def _stage_devices(world_size):
     ctx = rank_context()
     if ctx.device_type == "cuda":
-        devices = [torch.device("cuda", i) for i in ctx.devices]
+        devices = list(ctx.devices)
     else:
         devices = [torch.device("cpu")] * world_size  # emulated: every stage on the CPU
     model = M.resnet(18)

@@ -1,7 +1,9 @@
 """The user's own distributed code, as it is: the reference documents' mp.spawn trainer through
-``dist.spawn``, their training loop against one device with ``dist.assert_same_training``, and their
+``dist.spawn``, and against one device with ``dist.assert_same_training(spawn=True)``, and their
 hand-written model-parallel and pipelined ResNet50 against torchvision's with ``dist.assert_parity``.
 """
+import functools
+
 import pytest
 
 from pytest_mgpu import world_sizes
@@ -31,11 +33,14 @@ def test_seed001_rank_raising_in_its_trainer_is_named(dist):
     assert "in _run_batch" in text and "user_code.py" in text
 
 
-# -- dist.assert_same_training: seed 001's Trainer (DDP, DistributedSampler) against one device ------
+# -- dist.assert_same_training: seed 001's main, unchanged (mp.spawn entry, its Trainer, DDP,
+#    DistributedSampler), against the same training on one device, step per optimizer.step() ----------
 @SIZES
-def test_seed001_trainer_trains_like_one_device(dist):
-    report = dist.assert_same_training(U.seed001_ddp_loop, U.seed001_one_device_loop, dist.world_size,
-                                       steps=2)
+def test_seed001_main_trains_like_one_device(dist):
+    n = dist.world_size
+    report = dist.assert_same_training(
+        functools.partial(U.main, world_size=n, total_epochs=1, save_every=2, batch_size=32),
+        functools.partial(U.one_device_main, n, 1, 32), steps=2, spawn=True)
     print(report.format())
 
 

@@ -118,7 +118,7 @@ def dp_step(arch: str, batch: int, image: int):
     ctx = rank_context()
     if ctx.device_type != "cuda" or len(ctx.devices) < 2:
         raise RuntimeError("dp_step needs 2+ GPUs: without them nn.DataParallel just calls the module")
-    dev = torch.device("cuda", ctx.devices[0])
+    dev = ctx.devices[0]
     model = nn.DataParallel(classifier(arch).to(dev), device_ids=list(ctx.devices))
     x, y = synthetic_batch(batch, image, 10, dev)
     return _train_step(model, _optimizer("sgd", model.parameters()), x, y)
@@ -214,7 +214,7 @@ def resnet_split_step(batch: int, image: int, split_size: Optional[int] = None, 
     GPUs; on emulated CPU ranks both halves live on the CPU."""
     ctx = rank_context()
     if ctx.device_type == "cuda":
-        dev0, dev1 = torch.device("cuda", ctx.devices[0]), torch.device("cuda", ctx.devices[-1])
+        dev0, dev1 = ctx.devices[0], ctx.devices[-1]
     else:
         dev0 = dev1 = torch.device("cpu")
     model = ModelParallelResNet(dev0, dev1, num_classes, split_size, arch)

@@ -134,46 +134,20 @@ def main_with_bad_rank(rank: int, world_size: int, total_epochs: int, save_every
     destroy_process_group()
 
 
-# ---- seed 001's Trainer under assert_same_training: log(model, loss) between backward and step ----
-class LoggedTrainer(Trainer):
-    """Seed 001's Trainer with the one line assert_same_training needs."""
-
-    def __init__(self, log, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.log = log
-
-    def _run_batch(self, source, targets):
-        self.optimizer.zero_grad()
-        output = self.model(source)
-        loss = nn.CrossEntropyLoss()(output, targets)
-        loss.backward()
-        self.log(self.model, loss)
-        self.optimizer.step()
-
-
-def seed001_ddp_loop(log, world_size: int, batch_size: int = 32, steps: int = 3):
-    """Seed 001's main minus its own setup (the process group is up): one epoch of ``steps`` batches."""
-    import torch.distributed as tdist
-
-    dataset = synthetic_mnist(batch_size * world_size * steps)
-    train_data = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=False,
-                                             sampler=DistributedSampler(dataset))
+# ---- seed 001 on one device: what its main trains, as one process would ---------------------------
+def one_device_main(world_size: int, total_epochs: int, batch_size: int):
+    """Seed 001's training on one device, written as a user would for assert_same_training: the
+    global batch (batch_size x world_size), drawn in the order the ranks' DistributedSampler shards
+    make together (the same shuffle, unsharded), set_epoch every epoch, the same model and SGD."""
+    dataset = synthetic_mnist()
+    sampler = DistributedSampler(dataset, num_replicas=1, rank=0)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size * world_size, shuffle=False, sampler=sampler)
     model = MLP()
     optimizer = optim.SGD(model.parameters(), lr=1e-3)
-    LoggedTrainer(log, model, train_data, optimizer, tdist.get_rank(), save_every=10).train(1)
-
-
-def seed001_one_device_loop(log, world_size: int, batch_size: int = 32, steps: int = 3):
-    """The same training on one device: the global batch (batch_size x world_size), the same order."""
-    dataset = synthetic_mnist(batch_size * world_size * steps)
-    sampler = DistributedSampler(dataset, num_replicas=1, rank=0)  # the same shuffle, unsharded
-    sampler.set_epoch(0)
-    model = MLP()
-    optimizer = optim.SGD(model.parameters(), lr=1e-3)
-    for source, targets in torch.utils.data.DataLoader(dataset, batch_size=batch_size * world_size,
-                                                       sampler=sampler):
-        optimizer.zero_grad()
-        loss = nn.CrossEntropyLoss()(model(source), targets)
-        loss.backward()
-        log(model, loss)
-        optimizer.step()
+    for epoch in range(total_epochs):
+        sampler.set_epoch(epoch)
+        for source, targets in loader:
+            optimizer.zero_grad()
+            loss = nn.CrossEntropyLoss()(model(source), targets)
+            loss.backward()
+            optimizer.step()

@@ -22,7 +22,7 @@ def device(i: int) -> torch.device:
     ctx = rank_context()
     if ctx.device_type != "cuda" or not ctx.devices:
         return torch.device("cpu")
-    return torch.device("cuda", ctx.devices[min(i, len(ctx.devices) - 1)])
+    return ctx.devices[min(i, len(ctx.devices) - 1)]
 
 
 def group_norm(channels: int) -> nn.Module:

@@ -51,6 +51,17 @@ def test_a_side_logging_too_few_steps_is_named(dist):
         dist.assert_same_training(B.hand_dp, _short, dist.world_size, steps=3)
 
 
+@world_sizes(2, 4)
+def test_ranks_taking_world_size_times_the_steps_are_told_no_distributed_sampler(dist):
+    """An epoch over the whole data set on every rank: not "each loop must call log" (the loops do)."""
+    w = dist.world_size
+    with pytest.raises(StepCountError) as info:
+        dist.assert_same_training(B.ddp_loop, B.one_device, w, bug="no_sampler_epoch", steps=3)
+    text = str(info.value)
+    assert f"Every rank took {w} x the reference's steps ({3 * w} = {w} x 3)" in text
+    assert "as if there were no DistributedSampler" in text and "must call log" not in text
+
+
 def _names_in_rank(world_size):
     from pytest_mgpu.parity.recorder import Recorder
 
@@ -68,6 +79,18 @@ def test_wrappers_are_removed_from_names(dist):
 def test_fsdp_loops_are_gathered_and_pass(dist, version):
     report = dist.assert_same_training(B.fsdp_loop, B.one_device, dist.world_size, version=version, steps=2)
     assert {e.name for e in report.errors("grad")} >= {"0.weight", "rank 1: 2.bias"}
+
+
+@world_sizes(2)
+@pytest.mark.parametrize("version", [2, 1], ids=["fsdp2", "fsdp1"])
+def test_fsdp_loops_recorded_at_optimizer_step_are_gathered_and_pass(dist, version):
+    """record="optimizer": the parameters FSDP's optimizer steps (DTensor shards, FSDP1's original
+    parameters) are gathered and named as the one-device model's."""
+    report = dist.assert_same_training(B.fsdp_loop, B.one_device, B.no_log, dist.world_size, version=version,
+                                       steps=2, record="optimizer")
+    assert {e.name for e in report.errors("grad")} == {"0.weight", "0.bias", "2.weight", "2.bias",
+                                                        "rank 1: 0.weight", "rank 1: 0.bias", "rank 1: 2.weight",
+                                                        "rank 1: 2.bias"}
 
 
 @world_sizes(2)

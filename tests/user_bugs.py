@@ -5,7 +5,8 @@ Training loops (for ``dist.assert_same_training``), a small MLP on synthetic dat
 - ``hand_dp`` (hand-written data parallel: all_reduce of gradients): "sum_no_divide" (SUM without
   / world size), "no_allreduce" (gradients never synchronized), "rank_init" (seeded by rank, no
   broadcast);
-- ``ddp_loop`` (DDP + DistributedSampler): "no_sampler" (every rank reads the same batches),
+- ``ddp_loop`` (DDP + DistributedSampler): "no_sampler" (every rank reads the same batches;
+  "no_sampler_epoch": and the whole epoch, world size x the steps),
   "no_sync" (``no_sync()`` left on every step), "loss_times_world" (loss multiplied by the world
   size), "sum_loss" (reduction="sum");
 Modules (for ``dist.assert_parity(parallel_fn, ...)``), a small two-stage CNN:
@@ -81,7 +82,7 @@ def ddp_loop(log, world_size: int, bug: str = "", steps: int = 3):
     model = DDP(mlp())
     opt = _sgd(model)
     dataset = data(world_size, steps)
-    sampler = None if bug == "no_sampler" else DistributedSampler(dataset, shuffle=False)
+    sampler = None if bug.startswith("no_sampler") else DistributedSampler(dataset, shuffle=False)
     loss_fn = nn.CrossEntropyLoss(reduction="sum" if bug == "sum_loss" else "mean")
     for x, y in DataLoader(dataset, batch_size=BATCH, sampler=sampler, shuffle=False):
         if bug == "no_sampler" and len(log.side.steps) == steps:
@@ -111,7 +112,7 @@ class TwoStage(nn.Sequential):
 
     def __init__(self, split_size: int = 4, bug: str = "", norm: str = "group"):
         super().__init__(*cnn(norm))
-        devices = [torch.device("cuda", d) for d in rank_context().devices] or [torch.device("cpu")]
+        devices = list(rank_context().devices)  # cuda:i on GPUs; cpu once per device on emulated ranks
         self.dev0, self.dev1 = devices[0], devices[-1]
         layers = list(self)
         self.front = nn.Sequential(*layers[:3]).to(self.dev0)
@@ -152,6 +153,10 @@ def fsdp_loop(log, world_size: int, version: int = 2, steps: int = 3):
         loss.backward()
         log(model, loss)
         opt.step()
+
+
+def no_log(model, loss):
+    """Stands in for log where record="optimizer" records the steps itself."""
 
 
 def wrapped_names(log, world_size: int, steps: int = 1):

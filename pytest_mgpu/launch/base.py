@@ -23,6 +23,7 @@ class LaunchSpec:
     backend: str = "gloo"
     device_type: str = "cpu"
     device_ids: Tuple[str, ...] = ()  # physical CUDA ids visible to every rank; rank r uses cuda:r
+    test_devices: int = 0  # devices the test holds (emulated: one cpu per device); 0 = nprocs
     emulated: bool = False
     seed: int = 0
     per_rank_seed: bool = False

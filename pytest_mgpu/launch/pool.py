@@ -24,7 +24,7 @@ from .flight import EVIDENCE_SUFFIX
 from .processes import kill_tree
 from .protocol import FnRef
 from .rendezvous import StoreServer
-from .spawn import JOIN_S, SpawnLauncher, forkserver_context, make_logdir, make_task, threads_per_rank
+from .spawn import JOIN_S, SpawnLauncher, forkserver_context, make_logdir, make_task, rank_devices, threads_per_rank
 from .worker import PoolCall
 
 Key = Tuple[int, str, str, Tuple[str, ...], bool]
@@ -78,7 +78,7 @@ class PoolLauncher:
                 call = PoolCall(
                     fn=fn, payload=payload, seed=spec.seed, per_rank_seed=spec.per_rank_seed,
                     threads=threads_per_rank(spec.nprocs), log_path=log_paths[r], env=dict(spec.env),
-                    sys_path=list(sys.path), rejoin_prefix=rejoin,
+                    sys_path=list(sys.path), rejoin_prefix=rejoin, devices=rank_devices(spec, r)[0],
                 )
                 try:
                     conn.send_bytes(pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL))

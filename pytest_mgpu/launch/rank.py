@@ -16,7 +16,7 @@ import traceback
 from datetime import timedelta
 from typing import List, Optional
 
-from .._context import RankContext, set_rank_context
+from .._context import RankContext, set_rank_context, torch_devices
 from . import flight
 from .processes import alive, become_subreaper, descendants, end_descendants
 from .protocol import RankOutcome, RankTask, safe_str, type_name
@@ -187,7 +187,7 @@ def prepare_rank(task: RankTask) -> None:
             backend=task.backend,
             emulated=task.emulated,
             seed=task.seed,
-            devices=task.devices,
+            devices=torch_devices(task.device_type, task.devices),
         )
     )
 

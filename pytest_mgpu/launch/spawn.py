@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import time
 import weakref
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from ..devices import usable_cpus
 from .base import LaunchResult, LaunchSpec
@@ -38,18 +38,25 @@ def threads_per_rank(nprocs: int) -> int:
     return max(1, usable_cpus() // max(1, nprocs))
 
 
+def rank_devices(spec: LaunchSpec, rank: int) -> Tuple[Tuple[int, ...], Optional[int]]:
+    """The device indices rank ``rank`` may use, and its own: its share of the test's GPUs; on CPU
+    ranks one index per device of the test it stands in for (``RankContext.devices`` lists ``cpu``
+    that many times, so code written for N devices indexes them unchanged)."""
+    if spec.device_type == "cuda":
+        ndev = len(spec.device_ids)
+        per = max(1, ndev // spec.nprocs)
+        devices = tuple(range(rank * per, rank * per + per)) if spec.nprocs > 1 else tuple(range(ndev))
+        return devices, devices[0]
+    return tuple(range(max(1, (spec.test_devices or spec.nprocs) // spec.nprocs))), None
+
+
 def make_task(spec: LaunchSpec, rank: int, fn: Optional[FnRef], payload: bytes, rdv: Rendezvous,
               log_path: str) -> RankTask:
     """The task of one rank: its place in the group, its devices, and the call (if any)."""
     env = {**recorder_env(os.environ), **spec.env}  # the flight recorder on, unless the user set it
     if spec.device_type == "cuda":
         env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.device_ids)
-        ndev = len(spec.device_ids)
-        per = max(1, ndev // spec.nprocs)
-        devices = tuple(range(rank * per, rank * per + per)) if spec.nprocs > 1 else tuple(range(ndev))
-        index = devices[0]
-    else:
-        devices, index = (), None
+    devices, index = rank_devices(spec, rank)
     return RankTask(
         rank=rank,
         world_size=spec.nprocs,

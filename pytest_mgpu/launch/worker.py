@@ -32,6 +32,9 @@ class PoolCall:
     env: Dict[str, str] = field(default_factory=dict)
     sys_path: List[str] = field(default_factory=list)
     rejoin_prefix: Optional[str] = None  # set when the last call changed the process groups
+    # this call's device indices: a pool serves every test of its shape, and on CPU ranks the
+    # number of devices a rank stands in for is the test's (run_single of a 2- or a 4-device test)
+    devices: Optional[Tuple[int, ...]] = None
 
 
 @dataclass
@@ -212,7 +215,7 @@ def _one_call(task: RankTask, call: PoolCall, state: _WarmState, conn) -> None:
         sys.path[:] = call.sys_path
     this = dataclasses.replace(
         task, fn=call.fn, payload=call.payload, seed=call.seed, per_rank_seed=call.per_rank_seed,
-        threads=call.threads, env=call.env,
+        threads=call.threads, env=call.env, devices=task.devices if call.devices is None else call.devices,
     )
     t1 = time.perf_counter()
     try:

@@ -9,6 +9,7 @@ from typing import Callable, Final, List, Tuple
 from tabulate import tabulate
 
 from .hints import Report, common_factor, number_hints
+from .loop_hints import loop_hints
 from .records import KINDS, RunFacts, TensorError
 from .tolerance import DATA_PARALLEL
 
@@ -180,6 +181,7 @@ NO_CAUSE: Final = ("no known cause detected: look for rank-dependent code, non-d
 def likely_causes(report: Report) -> List[str]:
     hints = [h for h in (hint(report) for hint in FACT_HINTS) if h]
     hints += number_hints(report)  # the user's own code: hints read from the numbers
+    hints += loop_hints(report)  # the user's own training loops: what their loops were seen doing
     return hints or [NO_CAUSE]
 
 

@@ -34,6 +34,15 @@ class UserFacts(RunFacts):
     rank_batchnorm: List[str] = field(default_factory=list)  # BatchNorm in training mode on the ranks
     stage_of: Dict[str, str] = field(default_factory=dict)  # reference parameter name -> user stage
     output_order: Optional[List[int]] = None  # user output row i is reference row output_order[i]
+    # The user's training loops (assert_same_training), read by loop_hints:
+    rank_rows: List[List[List[float]]] = field(default_factory=list)  # per step, per rank: input rows
+    ref_rows: List[List[float]] = field(default_factory=list)  # per step: the reference's input rows
+    ref_losses: List[float] = field(default_factory=list)  # per step: the reference's loss
+    tensor_parallel: bool = False  # DTensor parameters that are not FSDP's: ranks must see the same rows
+    foreign: Dict[str, List[str]] = field(default_factory=dict)  # side -> stepped params of no model run
+    unstepped: Dict[str, List[str]] = field(default_factory=dict)  # side -> model params no optimizer steps
+    set_epoch_calls: Dict[str, int] = field(default_factory=dict)  # side -> DistributedSampler.set_epoch calls
+    frozen: Dict[str, int] = field(default_factory=dict)  # side -> steps its parameters never moved in
 
 
 def replica_name(rank: int, name: str) -> str:
@@ -83,8 +92,8 @@ def _factor(report: Report, f: UserFacts) -> str:
     """Step 0's gradients (same weights on both sides) all off by one factor."""
     ratios = [e.norm_ratio for e in _first_grads(report)]
     k = common_factor(ratios)
-    if k == 1.0:
-        return ""
+    if k == 1.0 or (abs(k * f.world_size - 1) > 0.02 and abs(k / f.world_size - 1) > 0.02 and _replica_grads_differ(report)):
+        return ""  # replicas that disagree at step 0: rank 0 alone is one shard, its ratio means nothing
     w = f.world_size
     seen = f"every gradient at step 0 is {k:.4g}x the reference's ({len(ratios)} tensors agree)"
     if w > 1 and abs(k / w - 1) < 0.02:
@@ -103,7 +112,9 @@ def _factor(report: Report, f: UserFacts) -> str:
 
 
 def _same_losses(f: UserFacts) -> str:
-    if f.world_size < 2 or not f.rank_losses:
+    # tensor parallel: every rank computes the same loss by design; with input rows recorded,
+    # loop_hints says it from the rows themselves
+    if f.world_size < 2 or not f.rank_losses or f.tensor_parallel or any(f.rank_rows):
         return ""
     if not all(len(set(losses)) == 1 for losses in f.rank_losses):
         return ""
@@ -114,9 +125,22 @@ def _same_losses(f: UserFacts) -> str:
             "every epoch), so that each rank gets its own shard.")
 
 
+def _replica_grads_differ(report: Report) -> bool:
+    first = report.records[0] if report.records else None
+    return bool(first) and any(_replica(e) is not None and e.kind == "grad" and not report.tolerance.passes(e, 0)
+                               for e in first.errors)
+
+
+def _tp_rows_differ(f: UserFacts) -> bool:
+    """Tensor parallel with rank-dependent inputs: its replicated tensors differ because of the
+    inputs, which loop_hints names; 'not synchronized' would send the user the wrong way."""
+    first = f.rank_rows[0] if f.rank_rows else []
+    return f.tensor_parallel and any(rows != first[0] for rows in first[1:])
+
+
 def _replicas(report: Report, f: UserFacts) -> str:
     bad = [(s, e) for s, e, _ in report.failures() if _replica(e) is not None]
-    if not bad:
+    if not bad or _tp_rows_differ(f):
         return ""
     step, first = bad[0]
     ranks = sorted({_replica(e) for _, e in bad})

@@ -138,6 +138,9 @@ class RunFacts:
     exact_note: str = ""  # why it is or is not
     shadow_note: str = ""  # why there is no float64 shadow ("" when there is one)
     twin_note: str = ""  # why there is no twin ("" when there is one)
+    # every step starts both sides from one state (assert_parity re-synchronizes them); False for the
+    # user's own loops, which drift apart (tolerance.across_kinds)
+    resynced: bool = True
 
 
 @dataclass

@@ -187,6 +187,24 @@ def _merge(a: Dict, b: Dict) -> Dict:
     return {key: max(a.get(key, 0.0), b.get(key, 0.0)) for key in set(a) | set(b)}
 
 
+def across_kinds(floors: Dict[Tuple[int, str], float]) -> Dict[Tuple[int, str], float]:
+    """From step 1 on, every kind takes the step's largest pooled floor: for loops that are not
+    re-synchronized (the user's own, in ``assert_same_training``).
+
+    Why: at step 0 both sides share one state and each kind's own roundoff is the measure; after
+    that the states themselves drift apart, and a gradient or a loss computed from a drifted state is
+    off by as much as the state is, in whichever kind that shows. Measured (benchmarks/
+    parity_calibration.py --loops, 50 correct runs of 100 steps): pooled per kind, a correct float32
+    minGPT run at W=2 came to 1.2 x the line (a LayerNorm bias gradient at step 29, 37x the twin's
+    gradient gap, while the twin's parameters were as far apart as the ranks'); across kinds, the
+    worst correct run is at 0.21, and the weakest of 120 bug runs still fails at 2.9."""
+    by_step: Dict[int, float] = {}
+    for (step, _), value in floors.items():
+        if step > 0:
+            by_step[step] = max(by_step.get(step, 0.0), value)
+    return {(step, kind): by_step.get(step, value) if step > 0 else value for (step, kind), value in floors.items()}
+
+
 def measure_tolerance(records: Iterable[StepRecord], facts: RunFacts) -> Tuple[Optional[Tolerance], str]:
     """The measured rule (or None where nothing was measured), and a note on the twin."""
     records = list(records)
@@ -198,6 +216,8 @@ def measure_tolerance(records: Iterable[StepRecord], facts: RunFacts) -> Tuple[O
     floors = _merge(shadow, twin)
     if not floors:
         return None, note
+    if not facts.resynced:
+        floors = across_kinds(floors)
     used = " and ".join(w for w, f in (("float64 shadow", shadow), ("float32 twin in the strategy's order", twin)) if f)
     why = f"measured: reference vs {used}, pooled per step; {MULTIPLE:g}"
     why += f" x sqrt({parts} partial sums)" if parts > 1 else ""

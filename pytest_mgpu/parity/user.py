@@ -179,7 +179,7 @@ def run_user_parity(job: UserParityJob) -> RankResult:
     from .._context import rank_context
 
     ctx = rank_context()
-    device = torch.device("cuda", ctx.devices[0]) if ctx.device_type == "cuda" and ctx.devices else torch.device("cpu")
+    device = ctx.devices[0] if ctx.device_type == "cuda" and ctx.devices else torch.device("cpu")
     batch_fn, loss_fn, optimizer_fn = job.batch_fn.load(), job.loss_fn.load(), job.optimizer_fn.load()
     ref = build_model(job.model_fn.load(), ctx.seed).to(device)
     user = build_model(job.parallel_fn.load(), ctx.seed)

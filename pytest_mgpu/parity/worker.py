@@ -251,7 +251,7 @@ def _run(job: ParityJob) -> Optional[RankResult]:
     spec = STRATEGIES[job.strategy]
     single = spec.process == "single" and not job.options.get("schedule")
     if single and ctx.device_type == "cuda" and ctx.devices:
-        ref_device = torch.device("cuda", ctx.devices[0])
+        ref_device = ctx.devices[0]
     else:
         ref_device = ctx.device()
     world = (len(ctx.devices) if ctx.device_type == "cuda" else job.world_size) if single else ctx.world_size

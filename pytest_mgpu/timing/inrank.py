@@ -112,7 +112,7 @@ class Clock:
             # every GPU the rank holds, not just the current one: a DataParallel or model-parallel
             # step may still be running on another when the current device is done
             own = [] if ctx.device_index is None else [ctx.device_index]
-            self.cuda = sorted(set(own) | set(ctx.devices))
+            self.cuda = sorted(set(own) | set(ctx.device_indices))
         # where the reference runs: the rank's own device (its first GPU), else the CPU
         self.device = f"cuda:{self.cuda[0] if ctx.device_index is None else ctx.device_index}" if self.cuda else "cpu"
 

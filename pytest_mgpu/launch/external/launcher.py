@@ -11,7 +11,7 @@ import pickle
 import time
 from typing import Optional
 
-from ..._context import RankContext, set_rank_context
+from ..._context import RankContext, set_rank_context, torch_devices
 from .. import flight
 from ..attribution import attribute, returned_early
 from ..base import LaunchResult, LaunchSpec
@@ -82,10 +82,10 @@ class ExternalLauncher:
         dev = s.device
         if single:
             devices = tuple(range(min(_cuda_count(), spec.nprocs if spec.nprocs > 1 else w.world_size))) \
-                if dev.device_type == "cuda" else ()
+                if dev.device_type == "cuda" else tuple(range(spec.test_devices or w.world_size))
             rank, size, local = 0, 1, 0
         else:
-            devices = (dev.device_index,) if dev.device_type == "cuda" else ()
+            devices = (dev.device_index,) if dev.device_type == "cuda" else (0,)
             rank, size, local = w.rank, w.world_size, w.local_rank
         task = RankTask(
             rank=rank, world_size=size, local_rank=local, backend=dev.backend, device_type=dev.device_type,
@@ -96,7 +96,7 @@ class ExternalLauncher:
         seed_everything(spec.seed + (rank if spec.per_rank_seed else 0))
         set_rank_context(RankContext(rank=rank, world_size=size, local_rank=local, device_type=dev.device_type,
                                      device_index=dev.device_index, backend=dev.backend, emulated=spec.emulated,
-                                     seed=spec.seed, devices=devices))
+                                     seed=spec.seed, devices=torch_devices(dev.device_type, devices)))
         s.control.watch_deadline(deadline, f"dist.run of {fn.qualname} in {spec.label}")
         flight.begin("", dev.backend)
         try:

@@ -169,7 +169,7 @@ class DPRunner(Runner):
         super().__init__(model, opts, ctx, loss_fn, optimizer_fn, example, world)
         import torch
 
-        ids = list(ctx.devices)
+        ids = list(ctx.device_indices)
         self.device = torch.device("cuda", ids[0])
         self.module = model.to(self.device)
         self.dp = torch.nn.DataParallel(self.module, device_ids=ids)

@@ -81,7 +81,7 @@ class StagedRunner(Runner):
         import torch
 
         if ctx.device_type == "cuda" and ctx.devices:
-            devices = [torch.device("cuda", i) for i in ctx.devices]
+            devices = list(ctx.devices)
         else:
             devices = [torch.device("cpu")] * max(1, world)  # emulated: stages share the CPU
         points = opts["split_points"]

@@ -1,0 +1,176 @@
+"""Hints for the user's own training loops (``assert_same_training``), read from what each side's
+loop was seen doing (``watch.py``, ``step_recorder.py``), each naming its evidence and the fix:
+
+- the rows the sides trained on: every rank the same rows (no DistributedSampler), or, for a
+  tensor-parallel model, ranks with different rows (rank-dependent inputs: the bug there); the
+  ranks' rows together not the reference's batch (its size: a batch not divided by the world size;
+  its rows: another sampler or shuffle order);
+- a shuffle order that repeats on one side only (``set_epoch`` never called);
+- an optimizer stepping parameters of no model run forward (built on a copy of the model);
+- parameters that never moved although their gradients are nonzero;
+- parameters equal at step 0 but losses that differ (different batches, another loss).
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import List
+
+from .hints import Report, UserFacts
+from .recorder import SideLog
+from .vacuous import never_moved, zero_grads
+
+REFERENCE = "reference_fn"
+
+
+def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog) -> None:
+    """Fill the loop evidence of ``facts`` from the sides' records (test process)."""
+    steps = len(ref.steps)
+    facts.ref_rows = [s.rows for s in ref.steps]
+    facts.ref_losses = [s.loss for s in ref.steps]
+    facts.rank_rows = [[side.steps[i].rows for side in ranks] for i in range(steps)]
+    facts.tensor_parallel = any(side.tensor_parallel for side in ranks)
+    facts.dropout = [f"{n} in {REFERENCE}" for n in ref.dropout] + \
+        [f"{n} in fn on the ranks" for n in dict.fromkeys(n for side in ranks for n in side.dropout)]
+    facts.rank_batchnorm = [] if facts.tensor_parallel else list(ranks[0].batchnorm)
+    for who, side in [(REFERENCE, ref)] + [(f"fn on rank {r}", s) for r, s in enumerate(ranks)]:
+        if side.foreign:
+            facts.foreign[who], facts.unstepped[who] = list(side.foreign), list(side.unstepped)
+        facts.set_epoch_calls[who] = side.set_epoch_calls
+        if never_moved(side) and not zero_grads(side):
+            facts.frozen[who] = len(side.steps)
+
+
+def loop_hints(report: Report) -> List[str]:
+    """The hints for a report of ``assert_same_training``; none for other reports."""
+    f = report.facts
+    if not isinstance(f, UserFacts) or not f.ref_rows:
+        return []
+    epochs, rows, scaled = _epochs(f), _rows(f), _loss_factor(f)
+    hints = [scaled, epochs, rows, _elsewhere(f), _frozen(f)]
+    if not (rows or epochs or scaled or f.dropout):
+        hints.append(_same_params_other_loss(report))
+    return [h for h in hints if h]
+
+
+def _key(rows: List[float]) -> Counter:
+    return Counter(float(f"{v:.12g}") for v in rows)
+
+
+def _rows(f: UserFacts) -> str:
+    """The first step at which the rows tell something is off, and what."""
+    w = f.world_size
+    for step, (ref, ranks) in enumerate(zip(f.ref_rows, f.rank_rows)):
+        if not ref or not all(ranks):
+            continue
+        first = _key(ranks[0])
+        differs = [r for r in range(1, w) if _key(ranks[r]) != first]
+        if f.tensor_parallel:
+            if differs:
+                return (f"rank-dependent inputs to a tensor-parallel model: its parameters are DTensors "
+                        f"sharded across the ranks, so every rank must feed the same batch, but at step {step} "
+                        f"rank(s) {', '.join(map(str, differs))} fed other rows than rank 0. A DistributedSampler, "
+                        "a seed or a data slice that depends on the rank does that (for tensor parallel, the "
+                        "same loss on every rank is expected). Fix: give every rank of a tensor-parallel group the "
+                        "same batch (no DistributedSampler across it, the same seed).")
+            continue
+        if w > 1 and not differs and len(ranks[0]) > 0:
+            return (f"the data is not sharded: at step {step} every one of the {w} ranks trained on the same "
+                    f"{len(ranks[0])} rows, so the ranks repeat each other's samples. Fix: give the DataLoader "
+                    "sampler=DistributedSampler(dataset) (and call sampler.set_epoch(epoch) every epoch), so "
+                    "that each rank gets its own shard.")
+        sizes = [len(r) for r in ranks]
+        if sum(sizes) != len(ref):
+            return (f"the sides train on batches of another size: at step {step} the ranks trained on "
+                    f"{' + '.join(map(str, sizes))} = {sum(sizes)} rows, the reference on {len(ref)}. The global "
+                    f"batch is the ranks' batches together: give the one-device loop batch_size x world_size "
+                    f"({sizes[0]} x {w} = {sizes[0] * w}), or each rank batch_size // world_size.")
+        missing = sum((_key(ref) - sum((_key(r) for r in ranks), Counter())).values())
+        if missing:
+            return (f"the sides saw different batches at step {step}: {missing} of the reference's {len(ref)} rows "
+                    "are on no rank. The ranks' samplers draw another order than the reference's (a "
+                    "DistributedSampler shuffles with its seed and epoch; a shuffling DataLoader with the global "
+                    "random state), or the data differs. Fix: draw the reference's batches as the ranks' shards "
+                    "together, e.g. DistributedSampler(dataset, num_replicas=1, rank=0) with the same shuffle, "
+                    "seed and set_epoch, and batch_size x world_size.")
+    return ""
+
+
+def _repeat(rows_per_step: List[List[float]]) -> int:
+    """The first step > 0 that trained on exactly step 0's rows again (0: none did)."""
+    if not rows_per_step or not rows_per_step[0]:
+        return 0
+    first = _key(rows_per_step[0])
+    return next((s for s, rows in enumerate(rows_per_step) if s and rows and _key(rows) == first), 0)
+
+
+def _epochs(f: UserFacts) -> str:
+    """One side's shuffle order repeats (a later step sees step 0's rows again), the other's not."""
+    ref, ranks = _repeat(f.ref_rows), _repeat([per_rank[0] for per_rank in f.rank_rows])
+    if bool(ref) == bool(ranks):
+        return ""  # neither repeats, or both alike: they agree on the order
+    who, step = (REFERENCE, ref) if ref else ("fn on rank 0", ranks)
+    never = " (it never calls DistributedSampler.set_epoch)" if not f.set_epoch_calls.get(who) else ""
+    return (f"the shuffle order repeats across epochs: at step {step} {who} trained on exactly the rows of step 0 "
+            f"again{never}, while the other side reshuffled. A DistributedSampler shuffles with seed + epoch, "
+            "so without set_epoch every epoch repeats the first one's order. Fix: call sampler.set_epoch(epoch) "
+            "at the start of every epoch, on every side.")
+
+
+def _elsewhere(f: UserFacts) -> str:
+    if not f.foreign:
+        return ""
+    who = sorted(f.foreign)[0]
+    names, unstepped = f.foreign[who], f.unstepped.get(who, [])
+    loose = f", while the model it runs forward has {len(unstepped)} parameter(s) with gradients that no " \
+        f"optimizer steps ({', '.join(unstepped[:3])}{', ...' if len(unstepped) > 3 else ''})" if unstepped else ""
+    return (f"the optimizer holds other parameters: in {who} it steps {len(names)} parameter(s) that belong to no "
+            f"model run forward{loose}, so the trained model never changes. The optimizer was built on another "
+            "copy of the model (copy.deepcopy before wrapping, a model rebuilt or reloaded after the optimizer "
+            "was made). Fix: build the optimizer from the parameters of the model you run (model.parameters() "
+            "of the very object you call).")
+
+
+def _frozen(f: UserFacts) -> str:
+    sides = [who for who in sorted(f.frozen) if who not in f.foreign]
+    if not sides:
+        return ""
+    who = sides[0]
+    return (f"parameters that never change: {who}'s parameters never moved over its {f.frozen[who]} step(s) "
+            "although their gradients are nonzero: its optimizer holds other parameters than the model's, or "
+            "its learning rate is 0.")
+
+
+def _loss_factor(f: UserFacts) -> str:
+    """The scalar backpropagated on the ranks is the world size (or its inverse) times the
+    reference's at step 0: a loss scaled before backward (clipping can hide it in the gradients)."""
+    if f.world_size < 2 or not f.rank_losses or not f.ref_losses:
+        return ""
+    mean, ref = sum(f.rank_losses[0]) / f.world_size, f.ref_losses[0]
+    if not (ref and math.isfinite(ref) and math.isfinite(mean)):
+        return ""
+    k, w = mean / ref, f.world_size
+    if abs(k / w - 1) < 0.02:
+        what = f"= the world size {w}: the loss is multiplied by the world size before backward"
+    elif abs(k * w - 1) < 0.02:
+        what = f"= 1/{w}: the loss is divided by the world size before backward"
+    else:
+        return ""
+    return (f"the loss is scaled by the world size: at step 0 the ranks backpropagated {mean:.6g} on average, "
+            f"{k:.4g}x the reference's {ref:.6g} {what} (DDP already averages the gradients; gradient clipping "
+            "or Adam can hide the factor in the update, not in the loss). Fix: backpropagate the plain mean loss.")
+
+
+def _same_params_other_loss(report: Report) -> str:
+    """Step 0: the parameters agree, the loss does not (rows not recorded, or not the cause)."""
+    if not report.records:
+        return ""
+    first = report.records[0]
+    tol = report.tolerance
+    params_ok = all(tol.passes(e, 0) for e in first.errors if e.kind == "param")
+    loss_bad = any(not tol.passes(e, 0) for e in first.errors if e.kind == "loss")
+    if not (params_ok and loss_bad):
+        return ""
+    return ("parameters equal at step 0 but the losses differ: the sides computed the loss on different "
+            "batches (a sampler, the shuffle order, a batch not divided by the world size) or with another "
+            "loss function. Fix: the one-device loop must see, per step, the rows of all ranks together.")

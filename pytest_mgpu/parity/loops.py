@@ -1,0 +1,201 @@
+"""One side of ``assert_same_training`` as it runs in a rank (the user's distributed loop) or in the
+reference's one process (their one-device loop, and its companions): which recorder watches it
+(``record="log"``: the loop calls ``log``; ``"optimizer"``: every ``optimizer.step()``), how it is
+called (``spawn=True``: as ``mp.spawn`` calls an entry point, with no process group up), and, for
+the reference, the runs that measure the floor (``loop_companions``), whose distances from the
+reference are computed here, in that process, so that only numbers cross back.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Literal, Optional, Tuple
+
+from .distance import gap
+from .loop_companions import LOW, float64_dispatch, split_sums
+from .recorder import Recorder, SideLog
+from .records import Portable
+from .step_recorder import StepRecorder, StopTraining
+from .watch import Watch
+
+Record = Literal["log", "optimizer"]
+Gaps = Dict[Tuple[str, str], float]  # (kind, name) -> ||reference - companion||
+
+# The float64 run starts from the float32 run's weights (the same random draws, widened), so its
+# step-0 parameters differ by the rounding of the init arithmetic alone (~1e-7 relative). A larger
+# gap means the loop built its model from something the shadow did not reproduce (a clock, a file,
+# os.urandom): then its distance is not roundoff, and judging by it would forgive any bug.
+SAME_START = 1e-4
+# Calibration only: "both" runs the twin beside a working float64 shadow (benchmarks/parity_calibration.py).
+COMPANIONS_ENV = "PYTEST_MGPU_PARITY_COMPANIONS"
+
+
+@dataclass(frozen=True)
+class LoopJob:
+    """One side's loop, as the ranks (or the one reference process) receive it."""
+
+    fn: Portable
+    args: tuple
+    kwargs: Dict[str, Any]
+    steps: int
+    record: Record = "log"
+    spawn: bool = False  # an mp.spawn entry: fn(rank, *args) in the ranks, no group up
+    prefix: str = ""  # the store prefix its own init_process_group joins (spawn=True)
+    reference: bool = False  # the reference: also measure the floor
+
+
+@dataclass
+class SideResult:
+    """What one side sends back: its record, and for the reference the companions' distances."""
+
+    side: SideLog
+    notes: List[str] = field(default_factory=list)  # what the spawn redirect changed
+    shadow: List[Gaps] = field(default_factory=list)  # per step; empty where no float64 run counted
+    twin: List[Gaps] = field(default_factory=list)  # per step; empty where no twin ran
+    floor_notes: List[str] = field(default_factory=list)  # why no shadow; what measured the floor
+
+
+class NoShadow(BaseException):
+    """The float64 run cannot measure the floor (a parameter kept another dtype): stop it early."""
+
+
+def run_loop(job: LoopJob) -> SideResult:
+    """Runs in each rank, or in the reference's process."""
+    from .._context import rank_context
+
+    ctx = rank_context()
+    fn = job.fn.load()
+    side, notes = run_side(job, fn, ctx.rank)
+    result = SideResult(side, notes)
+    if job.reference:
+        add_companions(result, job, fn, ctx.seed)
+    return result
+
+
+def run_side(job: LoopJob, fn, rank: int, tag: str = "", mode=None,
+             on_first: Optional[Callable[[SideLog], None]] = None) -> Tuple[SideLog, List[str]]:
+    """The user's loop once, recorded (under the dispatch ``mode`` of a companion, if any)."""
+    lead = (rank,) if job.spawn and not job.reference else ()
+
+    def loop() -> SideLog:
+        watch = Watch()
+        with watch.installed(), (mode if mode is not None else contextlib.nullcontext()):
+            if job.record == "optimizer":
+                rec = StepRecorder(job.steps, watch, on_first)
+                with rec.installed():
+                    try:
+                        fn(*lead, *job.args, **job.kwargs)
+                    except StopTraining:
+                        pass
+            else:
+                rec = Recorder(watch, on_first)
+                fn(*lead, rec, *job.args, steps=job.steps, **job.kwargs)
+        side = rec.side
+        side.set_epoch_calls = watch.set_epoch_calls
+        side.autocast = side.autocast or watch.autocast
+        return side
+
+    if not job.spawn:
+        return loop(), []
+    from ..spawn_mode import without_group
+
+    out = without_group(job.prefix + tag, loop)
+    return out.value, out.notes
+
+
+def add_companions(result: SideResult, job: LoopJob, fn, seed: int) -> None:
+    """The float64 shadow where it can run; the same-precision twin where it cannot, and beside it
+    where the reference computes in a low precision (autocast, bfloat16 parameters or loss): the
+    float64 run measures the reference's distance from exact arithmetic, the twin the distance
+    between two runs in that precision, and the line takes the larger. Measured on the minGPT-like
+    trainer in bf16 autocast, W=4, 100 AdamW steps: with the float64 run alone a correct run came
+    to 0.37 of the line (Adam's first step flips the sign of near-zero bias gradients, which bf16
+    rounding moves and float64 does not); with the twin, 0.06."""
+    shadow, why = run_shadow(job, fn, seed)
+    if shadow is not None:
+        why = same_start(result.side, shadow)
+    if shadow is not None and not why:
+        result.shadow = step_gaps(result.side, shadow)
+    else:
+        result.floor_notes.append(f"no float64 run: {why}")
+    side = result.side
+    low = any(d in LOW for d in (side.autocast, side.dtype, side.loss_dtype))
+    if result.shadow and not low and os.environ.get(COMPANIONS_ENV) != "both":
+        return
+    from ..launch.rank import seed_everything
+
+    seed_everything(seed)
+    try:
+        twin, _ = run_side(job, fn, 0, "twin/", split_sums())
+    except Exception as exc:  # noqa: BLE001 - no twin, say why
+        result.floor_notes.append(f"no same-precision twin either ({type(exc).__name__}: {exc})")
+        return
+    result.twin = step_gaps(result.side, twin)
+    if not result.shadow or low:
+        result.floor_notes.append(
+            f"the floor was measured in the loop's own precision ({side.autocast or side.dtype}) by a twin of the "
+            "reference that sums every matrix product as two halves" + (", beside the float64 run" if result.shadow else ""))
+
+
+def run_shadow(job: LoopJob, fn, seed: int) -> Tuple[Optional[SideLog], str]:
+    """The reference loop again with float64 as the default dtype, from the same seed and the same
+    random draws; (None, why) where it cannot run or keeps another dtype."""
+    import torch
+
+    from ..launch.rank import seed_everything
+
+    pins: List[str] = []
+    asked = lambda: f"; that dtype was asked for at {'; '.join(pins)}" if pins else ""  # noqa: E731
+
+    def check(side: SideLog) -> None:
+        narrow = [(n, t.dtype) for n, t in side.steps[0].params.items() if t is not None and t.dtype != torch.float64]
+        if narrow:
+            name, dtype = narrow[0]
+            raise NoShadow(f"parameter {name} stayed {str(dtype).replace('torch.', '')} with float64 as the "
+                           f"default dtype ({len(narrow)} of {len(side.steps[0].params)} parameters){asked()}")
+
+    saved = torch.get_default_dtype()
+    seed_everything(seed)
+    torch.set_default_dtype(torch.float64)
+    try:
+        side, _ = run_side(job, fn, 0, "shadow/", float64_dispatch(pins), check)
+    except NoShadow as exc:
+        return None, str(exc)
+    except Exception as exc:  # noqa: BLE001 - a loop that cannot run in float64: say why
+        return None, f"the loop raised {type(exc).__name__} in float64 ({str(exc)[:200]}){asked()}"
+    finally:
+        torch.set_default_dtype(saved)
+    if not side.steps:
+        return None, "the float64 run took no step"
+    return side, ""
+
+
+def same_start(ref: SideLog, shadow: SideLog) -> str:
+    """Why the float64 run cannot measure the floor ("" when it can): it must start where the
+    reference started."""
+    if not ref.steps:
+        return ""
+    want, wide = ref.steps[0].params, shadow.steps[0].params
+    for name, t in want.items():
+        w = wide.get(name)
+        if t is None or w is None or t.shape != w.shape:
+            return f"the reference loop's float64 run has no parameter {name!r} of shape {tuple(t.shape)}"
+        rel = gap(t, w) / max(float(t.double().norm()), 1e-12)
+        if rel > SAME_START:
+            return (f"the reference loop's float64 run started from other weights ({name} differs by "
+                    f"{rel:.2g} relative at step 0): its model or data do not come from the test's seed alone")
+    return ""
+
+
+def step_gaps(ref: SideLog, other: SideLog) -> List[Gaps]:
+    """||reference - companion|| per step, for the loss and every gradient and parameter."""
+    out = []
+    for want, got in zip(ref.steps, other.steps):
+        gaps: Gaps = {("loss", "loss"): abs(want.loss - got.loss) if math.isfinite(got.loss) else math.nan}
+        for kind, mine, theirs in (("grad", want.grads, got.grads), ("param", want.params, got.params)):
+            for name, t in mine.items():
+                gaps[(kind, name)] = gap(t, theirs.get(name))
+        out.append(gaps)
+    return out

@@ -1,0 +1,135 @@
+"""``record="optimizer"``: a step is one ``optimizer.step()``, recorded through torch's global
+optimizer step hooks, so the user's loop runs as written: no ``log`` to call, no subclass of their
+``Trainer`` to write, no data set sized to the number of steps.
+
+At each step (``register_optimizer_step_pre_hook``) it records, before the update, the parameters
+the optimizer steps and their gradients, named by the model that owns them (the outermost module
+run forward, wrappers removed as ``log`` does: DDP, torch.compile, FSDP1, checkpoint wrappers;
+DTensors gathered), and the loss: the scalar last backpropagated (``watch.Watch``). After the N-th
+step (``register_optimizer_step_post_hook``) it records the parameters once more and stops the
+loop with ``StopTraining``, a ``BaseException`` so that a loop's own ``except Exception`` does not
+swallow it; every rank takes the same steps, so every rank stops at the same point, after the
+step's collectives have completed.
+
+An optimizer step inside another (ZeroRedundancyOptimizer steps its local optimizer) is one step.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Dict, List, Optional, Tuple
+
+from .recorder import SideLog, StepLog, clean_name, describe, dtype_name, fsdp1_full_params, full_copy, unwrap
+from .watch import Watch
+
+
+class StopTraining(BaseException):
+    """Raised from the N-th ``optimizer.step()``: ends the user's loop; caught by the runner."""
+
+
+def prefixed(roots: List[object]) -> List[Tuple[str, object]]:
+    """(name prefix, model): no prefix for one model; the class name (and a count where two
+    models share one) where a loop trains several, the same on both sides."""
+    if len(roots) == 1:
+        return [("", roots[0])]
+    out, seen = [], {}
+    for root in roots:
+        cls = type(unwrap(root)).__name__
+        seen[cls] = seen.get(cls, 0) + 1
+        out.append((f"{cls}{seen[cls] - 1 if seen[cls] > 1 else ''}.", root))
+    return out
+
+
+class StepRecorder:
+    """The global step hooks for one loop (``installed()``); ``side`` is what they recorded."""
+
+    def __init__(self, steps: int, watch: Watch, on_first: Optional[Callable[[SideLog], None]] = None):
+        self.steps, self.watch, self.on_first = steps, watch, on_first
+        self.side = SideLog()
+        self._depth = 0
+        self._names: Dict[int, Tuple[tuple, Dict[int, str]]] = {}  # id(optimizer) -> (param ids, names)
+
+    @contextlib.contextmanager
+    def installed(self):
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        handles = [register_optimizer_step_pre_hook(self._pre), register_optimizer_step_post_hook(self._post)]
+        try:
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+
+    # -- the hooks ------------------------------------------------------------------------------
+    def _pre(self, optimizer, args, kwargs) -> None:
+        self._depth += 1
+        if self._depth > 1:
+            return
+        named = self._named(optimizer)
+        with contextlib.ExitStack() as stack:
+            for _, root in self.models:
+                stack.enter_context(fsdp1_full_params(root))
+            grads = {n: full_copy(p.grad) for n, p in named}
+            params = {n: full_copy(p) for n, p in named}
+        if not self.side.steps:
+            describe(self.side, self.models, params)
+            self.side.autocast = self.watch.autocast
+            self.side.loss_dtype = dtype_name(self.watch.loss.dtype) if self.watch.loss is not None else ""
+        rows = self.watch.take_inputs().rows
+        self.side.steps.append(StepLog(self.watch.loss_value(), grads, params, rows))
+        if self.on_first and len(self.side.steps) == 1:
+            self.on_first(self.side)
+
+    def _post(self, optimizer, args, kwargs) -> None:
+        self._depth -= 1
+        if self._depth > 0 or len(self.side.steps) < self.steps:
+            return
+        with contextlib.ExitStack() as stack:
+            for _, root in self.models:
+                stack.enter_context(fsdp1_full_params(root))
+            self.side.final = {n: full_copy(p) for n, p in self._named(optimizer)}
+        raise StopTraining(f"stopped after optimizer step {self.steps}")
+
+    # -- names ----------------------------------------------------------------------------------
+    @property
+    def models(self) -> List[Tuple[str, object]]:
+        return prefixed(self.watch.model_roots())
+
+    def _named(self, optimizer) -> List[Tuple[str, object]]:
+        """The optimizer's parameters under their model names (computed once per optimizer)."""
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        key = tuple(id(p) for p in params)
+        cached = self._names.get(id(optimizer))
+        if cached is None or cached[0] != key:
+            cached = (key, self._name_map(params))
+            self._names[id(optimizer)] = cached
+        names = cached[1]
+        return [(names[id(p)], p) for p in params]
+
+    def _name_map(self, params: List[object]) -> Dict[int, str]:
+        owned: Dict[int, str] = {}
+        trained: List[Tuple[str, object]] = []
+        for prefix, root in self.models:
+            for n, p in unwrap(root).named_parameters():
+                if id(p) not in owned:
+                    owned[id(p)] = prefix + clean_name(n)
+                    trained.append((owned[id(p)], p))
+        names = {id(p): owned[id(p)] for p in params if id(p) in owned}
+        foreign = [p for p in params if id(p) not in owned]
+        if foreign and trained:
+            names.update(self._foreign(foreign, trained, params))
+        for i, p in enumerate(foreign):
+            names.setdefault(id(p), f"optimizer.param{i}")
+        self.side.foreign = [names[id(p)] for p in foreign]
+        return names
+
+    def _foreign(self, foreign, trained, params) -> Dict[int, str]:
+        """Parameters the optimizer steps that no model run forward owns. If they are, in order and
+        shape, the trained model's (a copy made after the optimizer: ``copy.deepcopy``, a model
+        rebuilt or reloaded), they take its names, so the comparison lines them up; the side keeps
+        the trained model's parameters that no optimizer steps, the evidence for the hint."""
+        stepped = {id(p) for p in params}
+        unstepped = [(n, p) for n, p in trained if p.requires_grad and id(p) not in stepped]
+        self.side.unstepped = [n for n, _ in unstepped]
+        if [tuple(p.shape) for p in foreign] == [tuple(p.shape) for _, p in unstepped]:
+            return {id(p): n for p, (n, _) in zip(foreign, unstepped)}
+        return {}

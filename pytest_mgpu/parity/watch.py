@@ -1,0 +1,132 @@
+"""What one side's training loop did, observed through torch's global hooks while it runs (inside
+ranks): the models it ran forward, the rows of their inputs, the scalar it last backpropagated,
+whether it called ``DistributedSampler.set_epoch``, and whether autocast was on.
+
+Why global hooks: the loop is the user's, unchanged (an ``mp.spawn`` entry, an epoch-based
+``Trainer``); nothing in it names its model, loss or sampler to us. Torch offers module-wide
+forward hooks (``register_module_forward_pre_hook``), and every ``loss.backward()`` goes through
+``torch.autograd.backward``; those two, and ``DistributedSampler.set_epoch``, are all we patch, and
+only while the loop runs.
+
+The input rows are fingerprinted (one float64 per row: the row's dot product with a fixed vector),
+so the test process can tell, from the numbers alone, whether the ranks' rows together are the
+reference's batch, whether every rank saw the same rows (no DistributedSampler; the right thing for
+tensor parallel), and whether a later step saw the first step's rows again (an epoch that repeats
+the first one's order: no ``set_epoch``). Measured on the DDP tutorial's Trainer: the sampler's own
+passes cannot tell this, since it reads the batch size with ``next(iter(loader))`` before calling
+``set_epoch``, a second pass in the old epoch that repeats nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List
+
+
+@dataclass
+class Inputs:
+    """The rows one step's forward calls saw (outermost modules with parameters only)."""
+
+    rows: List[float] = field(default_factory=list)  # one fingerprint per input row
+    calls: int = 0  # forward calls of the trained model(s) in this step (micro-batches, accumulation)
+
+
+def fingerprint(x) -> List[float]:
+    """One number per row of ``x`` (its first dimension): the row's dot product with a fixed vector
+    whose entries are all different, so that two rows collide only if they are equal in practice."""
+    import torch
+
+    if x.dim() == 0 or x.shape[0] == 0:
+        return []
+    flat = x.detach().reshape(x.shape[0], -1).to("cpu", torch.float64)
+    weights = torch.cos(torch.arange(flat.shape[1], dtype=torch.float64) * 0.7071 + 0.3) + 1.5
+    return [float(v) for v in flat @ weights]
+
+
+def _first_tensor(args, kwargs):
+    import torch
+
+    for value in list(args) + list(kwargs.values()):
+        if isinstance(value, torch.Tensor) and not value.is_complex():
+            return value
+    return None
+
+
+class Watch:
+    """Global hooks for the duration of one loop (``installed()``); what they saw is read by the
+    recorders at each step (``take_inputs``, ``loss``) and once after (``roots``, ``set_epoch_calls``)."""
+
+    def __init__(self):
+        self.roots: Dict[int, object] = {}  # id -> outermost module with parameters, first-call order
+        self.loss = None  # the scalar last passed to torch.autograd.backward (detached)
+        self.autocast = ""  # the autocast dtype an outermost forward ran under ("" if none)
+        self.set_epoch_calls = 0  # DistributedSampler.set_epoch calls (the rows show a repeated order)
+        self._inputs = Inputs()
+        self._depth = 0
+
+    # -- hooks ------------------------------------------------------------------------------
+    def _pre(self, module, args, kwargs=None):
+        import torch
+
+        self._depth += 1
+        if self._depth != 1 or torch._C._current_autograd_node() is not None:
+            return None  # a submodule, or a recomputation inside backward (activation checkpointing)
+        if next(module.parameters(), None) is None:
+            return None  # a loss module, a parameter-free wrapper call
+        self.roots.setdefault(id(module), module)
+        x = _first_tensor(args, kwargs or {})
+        if x is not None and not hasattr(x, "full_tensor"):
+            self._inputs.rows += fingerprint(x)
+        self._inputs.calls += 1
+        for dev in ("cpu", "cuda"):
+            if not self.autocast and torch.is_autocast_enabled(dev):
+                self.autocast = str(torch.get_autocast_dtype(dev)).replace("torch.", "")
+        return None
+
+    def _post(self, module, args, output):
+        self._depth = max(0, self._depth - 1)
+        return None
+
+    def take_inputs(self) -> Inputs:
+        """The rows seen since the last step; starts the next step's."""
+        got, self._inputs, self._depth = self._inputs, Inputs(), 0
+        return got
+
+    @contextlib.contextmanager
+    def installed(self):
+        import torch
+        from torch.nn.modules import module as M
+        from torch.utils.data.distributed import DistributedSampler
+
+        handles = [M.register_module_forward_pre_hook(self._pre), M.register_module_forward_hook(self._post)]
+        backward, set_epoch = torch.autograd.backward, DistributedSampler.set_epoch
+        watch = self
+
+        def observed_backward(tensors, *args, **kwargs):
+            t = tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else tensors
+            if isinstance(t, torch.Tensor) and t.numel() == 1 and torch._C._current_autograd_node() is None:
+                watch.loss = t.detach()
+            return backward(tensors, *args, **kwargs)
+
+        def observed_set_epoch(sampler, epoch):
+            watch.set_epoch_calls += 1
+            return set_epoch(sampler, epoch)
+
+        torch.autograd.backward, DistributedSampler.set_epoch = observed_backward, observed_set_epoch
+        try:
+            yield self
+        finally:
+            torch.autograd.backward, DistributedSampler.set_epoch = backward, set_epoch
+            for h in handles:
+                h.remove()
+
+    def loss_value(self) -> float:
+        if self.loss is None:
+            return math.nan
+        return float(self.loss.reshape(()).double().item())
+
+    def model_roots(self) -> List[object]:
+        """The outermost modules run forward, minus those inside another (a checkpointed block)."""
+        inner = {id(m) for root in self.roots.values() for m in root.modules() if m is not root}
+        return [m for key, m in self.roots.items() if key not in inner]
