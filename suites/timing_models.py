@@ -54,13 +54,14 @@ ARCHS = ("mobilenet_v2", "resnet50") if ON_GPU else ("mobilenet_v2", "resnet18")
 DP_DDP = (Scale("gpu", 224, (32, 64, 128, 256), _multi(), 2.0) if ON_GPU
           else Scale("cpu", 32, (8, 16), (2,), 0.4, warmup=1))
 # seed 004: ResNet50, batch 120 at 128 px, split sizes 1..60; on CPU ResNet18 (the same cut after
-# layer2), batch 12 at 36 px (the smallest input for which a one-sample micro-batch keeps 2x2 pixels in
-# layer4, as BatchNorm needs in train mode). On CPU both halves share the cores, so the curve shows the
-# cost of micro-batching, not its gain; with ResNet50 its 8 rows took 32 s of the suites' 114 s (split
-# size 1: 1.36 s a step, past the call limit under load 8), with ResNet18 about a third of that.
+# layer2), batch 8 at 36 px (the smallest input for which a one-sample micro-batch keeps 2x2 pixels in
+# layer4, as BatchNorm needs in train mode): split sizes 1, 3, 5, 8 (8 = one micro-batch). On CPU both
+# halves share the cores, so the curve shows the cost of micro-batching, not its gain; with ResNet50 at
+# batch 12 its 8 rows took 32 s of the suites' 114 s (split size 1: 1.36 s a step, past the call limit
+# under load 8), with ResNet18 at batch 12 19 s, at batch 8 about 12 s.
 SPLIT_SIZES = (1, 3, 5, 8, 10, 12, 20, 40, 60)
 PIPELINE_ARCH = "resnet50" if ON_GPU else "resnet18"
-PIPELINE = Scale("gpu", 128, (120,), (2,), 2.0) if ON_GPU else Scale("cpu", 36, (12,), (2,), 0.4, warmup=1)
+PIPELINE = Scale("gpu", 128, (120,), (2,), 2.0) if ON_GPU else Scale("cpu", 36, (8,), (2,), 0.4, warmup=1)
 # FSDP vs DDP with Adam (optimizer state is what sharding saves most of): ResNet50 on GPUs, ResNet18
 # on CPU (DDP's gloo all-reduce of ResNet50's 100 MB of gradients takes ~1.5 s a step on 2 cores)
 FSDP = Scale("gpu", 224, (64,), _multi(), 2.0) if ON_GPU else Scale("cpu", 32, (8,), (2,), 0.4, warmup=1)
