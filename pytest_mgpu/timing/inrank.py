@@ -158,12 +158,16 @@ class Clock:
 
     def agree_max(self, value: float) -> float:
         """The largest ``value`` over ranks: every rank takes the same decision from it."""
+        return self.slowest([value])[0]
+
+    def slowest(self, values: List[float]) -> List[float]:
+        """Element-wise largest over ranks (one all-reduce): each iteration's slowest rank."""
         if self.world == 1:
-            return value
+            return list(values)
         dev = self.torch.device("cuda", self.ctx.device_index) if self.ctx.backend == "nccl" else "cpu"
-        t = self.torch.tensor([value], dtype=self.torch.float64, device=dev)
+        t = self.torch.tensor(values, dtype=self.torch.float64, device=dev)
         self.tdist.all_reduce(t, op=self.tdist.ReduceOp.MAX)
-        return float(t.item())
+        return [float(v) for v in t.tolist()]
 
 
 def _calibrated_repeat(estimate: float, min_run_time: float) -> int:

@@ -7,13 +7,17 @@ drift only partly. Batches of the head and of the base taken seconds apart see t
 their ratio cancels it; ``pairing`` judges the ratio of the pairs.
 
 How: the lane owns two launchers of warm ranks (``PoolLauncher``), "head" and "base", apart from the
-test's own ranks, so both sides start alike and hold their step between calls. The base ranks get
-REV's folders first on ``sys.path`` (``worktree.Checkout.path_first``) and the function's file at REV;
-pytest-mgpu itself is the installed one on both sides. First each side sets the step up and warms it
-up (in random order); then pairs of batches, the order inside each pair drawn at random, until the
-budget (BUDGET_FACTOR x the benchmark's ``min_run_time``) is spent. A batch has as many iterations
-as make about PAIRS_GOAL pairs fit in the budget (at least 1). Each iteration's time is its slowest
-rank's, as in ``Measurement``.
+test's own ranks, so both sides start alike. The base ranks get REV's folders first on ``sys.path``
+(``worktree.Checkout.path_first``) and the function's file at REV; pytest-mgpu itself is the
+installed one on both sides. Both sides are called at once (one call each, ``revision_rank.duet_loop``):
+each sets the step up and warms it up, then they take turns through a TCPStore of the lane, in
+pairs whose order is drawn at random, until the budget (BUDGET_FACTOR x the benchmark's
+``min_run_time``) is spent; an interval that is still undecided then ("unstable": a noisy machine)
+gets more pairs, up to CAP_FACTOR x the budget, so that a loaded runner answers more often instead
+of saying "unstable" (the extension looks at the interval's width and place, not at the ratio alone,
+and the pairs before it count: at most two looks at the data). A turn runs as many iterations as
+last about TURN_S (at least one).
+Each iteration's time is its slowest rank's, as in ``Measurement``.
 """
 from __future__ import annotations
 
@@ -22,8 +26,8 @@ import os
 import random
 import statistics
 import sys
+import threading
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -31,15 +35,16 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 from ..launch.base import Launcher, LaunchSpec
 from ..launch.errors import RankFailure
 from ..launch.protocol import FnRef, pack_call
+from ..launch.rendezvous import StoreServer
 from .inrank import LoopConfig
 from .messages import revision_line
 from .pairing import RevisionStatus, RevisionVerdict, judge_pairs
-from .revision_rank import BatchTiming, batch_loop, release
+from .revision_rank import DuetTiming, Turns, duet_loop, missing_of, pairs_of, warm_ranks
 from .worktree import Checkout, Worktrees
 
 BUDGET_FACTOR = 4.0  # lane seconds (both sides) per second of min_run_time: 2x a side's usual time
-PAIRS_GOAL = 30  # batches are sized so that about this many pairs fit in the budget
-MAX_ITERATIONS = 500  # per batch (as inrank.MAX_REPEAT): a sub-millisecond step needs hundreds
+TURN_S = 0.02  # a turn's iterations last about this long: one iteration of any step over 20 ms
+CAP_FACTOR = 3.0  # an interval still undecided at the budget's end may take up to 3x the budget
 
 
 @dataclass
@@ -94,125 +99,85 @@ class BaseFailed(Exception):
 class Duet:
     """The raw pairs of one lane measurement."""
 
-    head: List[float] = field(default_factory=list)
+    head: List[float] = field(default_factory=list)  # per pair: the head turn's median iteration
     base: List[float] = field(default_factory=list)
     head_first: List[bool] = field(default_factory=list)
     head_samples: List[float] = field(default_factory=list)
     base_samples: List[float] = field(default_factory=list)
-    iterations: int = 1
+    iterations: int = 1  # per turn (the head's)
     wall_s: float = 0.0
     missing: str = ""  # the base could not resolve the function: new in this change
-    last_call_s: float = 0.0  # wall time of the last pair's batch calls (mean of the two)
 
 
-@dataclass
-class BatchSizer:
-    """Iterations per batch: about PAIRS_GOAL pairs in the budget, but never a batch whose work is
-    shorter than a call's own cost. Measured on the 2-core machine at load 5-8, a warm call costs
-    8-40 ms (dispatch, the ranks' clean-up) and every iteration a barrier (0.3-1 ms): for a
-    sub-millisecond step both dwarf the work, and sizing by the step's time alone gave 4-8 pairs in a
-    2 s budget. So the first two pairs (k and 2k iterations) measure the call's wall time, a straight
-    line o + k c gives the overhead o and the cost c of an iteration, and k = max(T - o, o) / c for a
-    pair's share T of the budget. A step slower than its share needs no probing: one iteration."""
-
-    budget_s: float
-    estimate_s: float  # one timed iteration after warmup, the slower side's
-    seen: List[Tuple[int, float]] = field(default_factory=list)  # (iterations, wall of one batch call)
-
-    @property
-    def share_s(self) -> float:
-        return self.budget_s / (2 * PAIRS_GOAL)
-
-    def first(self) -> int:
-        return _clamp(self.share_s / self.estimate_s if self.estimate_s > 0 else MAX_ITERATIONS)
-
-    def next(self, k: int, wall_s: float) -> int:
-        self.seen.append((k, wall_s))
-        if k == 1 and self.estimate_s >= self.share_s / 2:
-            return 1
-        if len(self.seen) == 1:
-            return _clamp(2 * k)
-        (k1, w1), (k2, w2) = self.seen[0], self.seen[1]
-        if k2 == k1:
-            return k2
-        cost = max(self.estimate_s, (w2 - w1) / (k2 - k1))
-        overhead = max(0.0, w1 - k1 * cost)
-        return _clamp(max(self.share_s - overhead, overhead) / cost)
+def _label(spec: LaunchSpec, side: str) -> LaunchSpec:
+    return dataclasses.replace(spec, label=f"{spec.label} [revision lane: {side}]")
 
 
-def _clamp(k: float) -> int:
-    return int(min(MAX_ITERATIONS, max(1, round(k))))
-
-
-def _batch(side: Side, spec: LaunchSpec, token: str, payload: bytes, loop: LoopConfig,
-           iterations: int) -> List[BatchTiming]:
-    ref, packed = pack_call(batch_loop, (token, side.fn, payload, side.path_first, loop, iterations), {})
-    this = dataclasses.replace(spec, label=f"{spec.label} [revision lane: {side.name}]")
+def _call(side: Side, spec: LaunchSpec, payload: bytes, loop: LoopConfig, turns: Turns, out: dict) -> None:
+    ref, packed = pack_call(duet_loop, (side.fn, payload, side.path_first, loop, turns), {})
     try:
-        return list(side.launcher.run(this, ref, packed).values)
-    except RankFailure as exc:
-        if side.name == "base":
-            raise BaseFailed(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
-        raise
-
-
-def _slowest(timings: Sequence[BatchTiming]) -> List[float]:
-    return [max(col) for col in zip(*(t.samples for t in timings))]
+        out[side.name] = list(side.launcher.run(_label(spec, side.name), ref, packed).values)
+    except BaseException as exc:  # noqa: B036 - carried to the caller's thread, re-raised there
+        out[side.name] = exc
 
 
 def run_duet(head: Side, base: Side, spec: LaunchSpec, payload: bytes, loop: LoopConfig, budget_s: float,
-             rng: Optional[random.Random] = None) -> Duet:
-    """Set both sides up, then pairs of batches in random order until ``budget_s`` is spent."""
+             store: StoreServer, rng: Optional[random.Random] = None, threshold: float = 0.10) -> Duet:
+    """Both sides at once, taking turns through ``store`` until ``budget_s`` is spent. The base runs
+    in a thread; when either side fails, the other's ranks (waiting for it in the store) are ended."""
     rng = rng or random.Random()
-    token = uuid.uuid4().hex
-    duet = Duet()
+    seed = rng.randrange(2**31)
+    rdv = store.new_rendezvous()
+    limit = spec.timeout_s
+    turns = {s.name: Turns(rdv.host, rdv.port, rdv.prefix, s.name, seed, budget_s, TURN_S, limit, threshold,
+                           CAP_FACTOR * budget_s) for s in (head, base)}
+    for side in (head, base):  # start both pools first, one after the other (not in two threads)
+        ref, packed = pack_call(warm_ranks, (), {})
+        try:
+            side.launcher.run(_label(spec, side.name), ref, packed)
+        except RankFailure as exc:
+            if side is base:
+                raise BaseFailed(_first_line(exc)) from None
+            raise
+    got: dict = {}
     t0 = time.monotonic()
+    thread = threading.Thread(target=_call, args=(base, spec, payload, loop, turns["base"], got),
+                              name="mgpu-revision-base", daemon=True)
+    thread.start()
     try:
-        estimates = []
-        for side in rng.sample([head, base], 2):
-            got = _batch(side, spec, token, payload, loop, 1)  # set up, warm up, one timed: the estimate
-            missing = next((t.missing for t in got if t.missing), "")
-            if missing:
-                if side is head:
-                    raise RuntimeError(f"revision lane: the working tree's ranks cannot import {side.fn}: {missing}")
-                duet.missing = missing
-                return duet
-            estimates.append(max(max(t.samples) for t in got))
-        sizer = BatchSizer(budget_s, max(estimates))
-        duet.iterations = sizer.first()
-        start = time.monotonic()
-        while not duet.head or time.monotonic() - start < budget_s:
-            _pair(duet, head, base, spec, token, payload, loop, rng.random() < 0.5)
-            if len(sizer.seen) < 2:
-                duet.iterations = sizer.next(duet.iterations, duet.last_call_s)
-    finally:
-        for side in (head, base):
-            _release(side, spec)
-        duet.wall_s = time.monotonic() - t0
+        _call(head, spec, payload, loop, turns["head"], got)
+        if isinstance(got["head"], BaseException):
+            base.launcher.close()  # its ranks wait for the head in the store
+        thread.join()
+    except BaseException:
+        base.launcher.close()
+        raise
+    if isinstance(got["head"], BaseException):
+        raise got["head"]
+    if isinstance(got["base"], BaseException):
+        if isinstance(got["base"], RankFailure):
+            raise BaseFailed(_first_line(got["base"]))
+        raise got["base"]
+    return _assemble(got["head"], got["base"], seed, time.monotonic() - t0)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _assemble(head: List[DuetTiming], base: List[DuetTiming], seed: int, wall_s: float) -> Duet:
+    duet = Duet(wall_s=wall_s, missing=missing_of(base))
+    missing_head = missing_of(head)
+    if missing_head:
+        raise RuntimeError(f"revision lane: the working tree's ranks cannot import the timed function: {missing_head}")
+    if duet.missing:
+        return duet
+    pairs, duet.head_first, duet.head_samples, duet.base_samples = pairs_of(head, base, seed)
+    duet.head = [h for h, _ in pairs]
+    duet.base = [b for _, b in pairs]
+    duet.iterations = head[0].iterations
     return duet
-
-
-def _pair(duet: Duet, head: Side, base: Side, spec: LaunchSpec, token: str, payload: bytes, loop: LoopConfig,
-          head_first: bool) -> None:
-    got, walls = {}, []
-    for side in ((head, base) if head_first else (base, head)):
-        t = time.monotonic()
-        got[side.name] = _slowest(_batch(side, spec, token, payload, loop, duet.iterations))
-        walls.append(time.monotonic() - t)
-    duet.last_call_s = statistics.fmean(walls)
-    duet.head.append(statistics.median(got["head"]))
-    duet.base.append(statistics.median(got["base"]))
-    duet.head_first.append(head_first)
-    duet.head_samples += got["head"]
-    duet.base_samples += got["base"]
-
-
-def _release(side: Side, spec: LaunchSpec) -> None:
-    ref, packed = pack_call(release, (), {})
-    try:
-        side.launcher.run(dataclasses.replace(spec, label=f"{spec.label} [revision lane: release]"), ref, packed)
-    except Exception:
-        pass  # a pool that failed is gone already, and with it what it held
 
 
 class RevisionLane:
@@ -223,6 +188,7 @@ class RevisionLane:
         self.threshold = threshold
         self.worktrees = Worktrees(rev)
         self._launchers: Dict[str, Launcher] = {}
+        self.store = StoreServer()  # where the two sides hand turns over
 
     def launcher(self, name: str) -> Launcher:
         if name not in self._launchers:
@@ -230,6 +196,10 @@ class RevisionLane:
 
             self._launchers[name] = PoolLauncher()
         return self._launchers[name]
+
+    def forget(self, name: str) -> None:
+        """A launcher that was closed (its ranks ended after a failure) is replaced on next use."""
+        self._launchers.pop(name, None)
 
     def for_test(self, test_file: Union[str, Path]) -> "BoundLane":
         return BoundLane(self, str(test_file))
@@ -250,9 +220,12 @@ class RevisionLane:
         base = Side("base", self.launcher("base"), FnRef(ref.module, ref.qualname, base_file or ref.file),
                     checkout.path_first(sys.path))
         try:
-            duet = run_duet(head, base, spec, payload, loop, budget)
+            duet = run_duet(head, base, spec, payload, loop, budget, self.store, threshold=self.threshold)
         except BaseFailed as exc:
             return self._unjudged(result, RevisionStatus.BASE_FAILED, f"{checkout.label}'s code failed: {exc}")
+        except BaseException:
+            self.forget("base")  # run_duet ended the base's ranks, which waited for the failed head
+            raise
         if duet.missing:
             return self._unjudged(result, RevisionStatus.NEW, f"new in this change: {ref.qualname} cannot be "
                                                               f"imported at {checkout.label} ({duet.missing})")
