@@ -107,3 +107,30 @@ def test_failing_step(dist):
     result = pytester.runpytest("--mgpu-fallback=cpu")
     result.assert_outcomes(passed=1, failed=2)
     result.stdout.fnmatch_lines(["*cannot send*lambda*", "*rank 1*RuntimeError: step broke on rank 1*"])
+
+
+def test_cpu_peak_memory_is_the_same_every_run(pytester):
+    """Peak memory on CPU ranks comes from the torch profiler's allocation events, exact and the same
+    for the same step in every run (issue 18: the sampled C heap read 2 MiB, then 27 MiB). The step
+    holds a 1 MiB tensor and makes a 1 MiB product: the peak covers both, and no thread is left."""
+    pytester.makepyfile("""
+import warnings, pytest, torch, pytest_mgpu
+from pytest_mgpu.launch.errors import RankLeftoverWarning
+
+def square(n):
+    x = torch.randn(n, n)
+    def step():
+        x @ x
+    return step
+
+@pytest.mark.gpu1
+def test_twice(dist):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RankLeftoverWarning)
+        a = dist.benchmark(square, 512, warmup=1, repeat=5)
+        b = dist.benchmark(square, 512, warmup=1, repeat=5)
+    assert a.peak_mem_bytes == b.peak_mem_bytes and a.peak_mem_bytes[0] >= 2 * 512 * 512 * 4
+    assert "torch profiler" in a.mem_source
+""")
+    result = pytester.runpytest("--mgpu-fallback=cpu")
+    result.assert_outcomes(passed=1)

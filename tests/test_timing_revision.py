@@ -178,3 +178,37 @@ def test_an_interrupted_session_leaves_no_worktree(subpytest, repo, sig):
         assert code == 0, out
     assert worktrees(r) == [str(r)]
     assert subpytest.leftovers() == []
+
+
+def test_the_against_option_from_command_line_environment_or_ini(monkeypatch):
+    """--mgpu-against beats PYTEST_MGPU_AGAINST beats ini mgpu_against; none: the lane is off."""
+    from pathlib import Path
+
+    from pytest_mgpu.settings import resolve_timing
+
+    def reader(values):
+        return lambda name: values.get(name)
+
+    root = Path("/root")
+    monkeypatch.delenv("PYTEST_MGPU_AGAINST", raising=False)
+    assert resolve_timing(reader({}), reader({}), root).against is None
+    assert resolve_timing(reader({}), reader({"mgpu_against": "main"}), root).against == "main"
+    monkeypatch.setenv("PYTEST_MGPU_AGAINST", "origin/main")
+    assert resolve_timing(reader({}), reader({"mgpu_against": "main"}), root).against == "origin/main"
+    assert resolve_timing(reader({"mgpu_against": "HEAD~1"}), reader({"mgpu_against": "main"}), root).against == "HEAD~1"
+    monkeypatch.setenv("PYTEST_MGPU_AGAINST", "")  # empty: not given
+    assert resolve_timing(reader({}), reader({}), root).against is None
+
+
+def test_a_base_whose_code_raises_is_reported_not_failed(pytester, repo):
+    """REV's step raises: the row says "base failed" with REV's error, and the change's test passes."""
+    r, _ = repo
+    (r / "work.py").write_text(WORK.format(n=1).replace("    x = torch.randn(n, n)\n",
+                                                        "    x = torch.randn(n, n)\n    raise ValueError('REV is broken')\n", 1))
+    git(r, "commit", "-qam", "a broken base")
+    (r / "work.py").write_text(WORK.format(n=1))
+    result = pytester.runpytest("--mgpu-fallback=cpu", "--mgpu-against=HEAD", "test_perf.py")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*test_mm*vs HEAD@* +dirty*base failed*",
+                                 "*test_mm::step_factory vs HEAD@*: base failed: HEAD@*'s code failed: *"])
+    assert worktrees(r) == [str(r)]

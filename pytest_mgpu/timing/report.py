@@ -198,8 +198,8 @@ def _clip(text: str, width: int) -> str:
 
 def _terminal_cells(r: Row, lanes: bool) -> List[str]:
     if lanes:
-        return [_clip(r.group, 13), _clip(r.label, 11), str(r.world_size), fmt_time(r.median_s), fmt_time(r.base_s),
-                _clip(change_cell(r), 22), messages.lane_cell(r.revision, 26), _clip(verdict_cell(r), 15)]
+        return [_clip(r.group, 11), _clip(r.label, 10), str(r.world_size), fmt_time(r.median_s), fmt_time(r.base_s),
+                _clip(change_cell(r), 21), messages.lane_cell(r.revision, 29), _clip(verdict_cell(r), 15)]
     return [_clip(r.group, 26), _clip(r.label, 22), str(r.world_size), fmt_time(r.median_s), fmt_time(r.iqr_s),
             _speedup(r), _efficiency(r), messages.delta_cell(r.measurement), _clip(verdict_cell(r), 24)]
 

@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -141,7 +142,7 @@ def run_duet(head: Side, base: Side, spec: LaunchSpec, payload: bytes, loop: Loo
             raise
     got: dict = {}
     t0 = time.monotonic()
-    thread = threading.Thread(target=_call, args=(base, spec, payload, loop, turns["base"], got),
+    thread = threading.Thread(target=_base_call, args=(base, head, spec, payload, loop, turns["base"], got),
                               name="mgpu-revision-base", daemon=True)
     thread.start()
     try:
@@ -161,9 +162,33 @@ def run_duet(head: Side, base: Side, spec: LaunchSpec, payload: bytes, loop: Loo
     return _assemble(got["head"], got["base"], seed, time.monotonic() - t0)
 
 
+def _base_call(base: Side, head: Side, spec: LaunchSpec, payload: bytes, loop: LoopConfig, turns: Turns,
+               out: dict) -> None:
+    """The base's call (in a thread). When it fails, the head's ranks wait for it in the store: before
+    the two sides met, tell them (they stop and return); after, end them (``BaseFailed`` follows)."""
+    _call(base, spec, payload, loop, turns, out)
+    if not isinstance(out.get("base"), BaseException):
+        return
+    import torch.distributed as tdist
+
+    try:
+        client = tdist.TCPStore(turns.host, turns.port, is_master=False, timeout=timedelta(seconds=30))
+        store = tdist.PrefixStore(turns.prefix, client)
+        if not store.check(["ready/base"]):
+            store.set("ready/base", "failed")
+            return
+    except Exception:
+        pass
+    head.launcher.close()
+
+
 def _first_line(exc: BaseException) -> str:
-    text = str(exc)
-    return text.splitlines()[0] if text else type(exc).__name__
+    """The failure's first line and the first rank's error, e.g. "rank 0 raised ValueError: ..."."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    if not lines:
+        return type(exc).__name__
+    cause = next((ln for ln in lines[1:] if ln.startswith("rank ")), "")
+    return cause or lines[0]
 
 
 def _assemble(head: List[DuetTiming], base: List[DuetTiming], seed: int, wall_s: float) -> Duet:
@@ -198,8 +223,11 @@ class RevisionLane:
         return self._launchers[name]
 
     def forget(self, name: str) -> None:
-        """A launcher that was closed (its ranks ended after a failure) is replaced on next use."""
-        self._launchers.pop(name, None)
+        """After a failure: close the launcher (its ranks may have been ended already) and start a
+        new one on next use."""
+        launcher = self._launchers.pop(name, None)
+        if launcher is not None:
+            launcher.close()
 
     def for_test(self, test_file: Union[str, Path]) -> "BoundLane":
         return BoundLane(self, str(test_file))
@@ -222,6 +250,7 @@ class RevisionLane:
         try:
             duet = run_duet(head, base, spec, payload, loop, budget, self.store, threshold=self.threshold)
         except BaseFailed as exc:
+            self.forget("head")  # ended if the base failed while they took turns
             return self._unjudged(result, RevisionStatus.BASE_FAILED, f"{checkout.label}'s code failed: {exc}")
         except BaseException:
             self.forget("base")  # run_duet ended the base's ranks, which waited for the failed head
