@@ -126,11 +126,12 @@ def burners(n: int):
             p.wait()
 
 
-def _phase(me, plan, bench, n_burners: int, budget_s: float, args, save) -> dict:
+def _phase(me, plan, bench, n_burners: int, budget_s: float, args, save, phases: list) -> dict:
     import random
 
     conditions = [0.0, 0.0] + list(SLOWDOWNS)  # twice as many unchanged launches: they are the history
     phase = {"burners": n_burners, "load_before": os.getloadavg()[0], "launches": [], "duets": []}
+    phases.append(phase)  # saved with every round: a phase cut short can still be analysed
     rng = random.Random()
     t0 = time.perf_counter()
     with burners(n_burners):
@@ -138,12 +139,17 @@ def _phase(me, plan, bench, n_burners: int, budget_s: float, args, save) -> dict
         while r < args.rounds and time.perf_counter() - t0 + last < budget_s:
             t_round = time.perf_counter()
             for c in rng.sample(conditions, len(conditions)):
-                phase["launches"].append(dict(_history_launch(me, plan, c, args.min_run_time), round=r))
-                phase["duets"].append(dict(bench.duet(c, rng), round=r))
+                for kind, take in (("launches", lambda: _history_launch(me, plan, c, args.min_run_time)),
+                                   ("duets", lambda: bench.duet(c, rng))):
+                    try:
+                        phase[kind].append(dict(take(), round=r))
+                    except Exception as exc:  # a launch the loaded machine broke: counted, not judged
+                        phase.setdefault("errors", []).append(f"{kind} +{c:.0%}: {type(exc).__name__}: {exc}"[:300])
+                        print(f"  ({kind} +{c:.0%} failed: {type(exc).__name__}: {str(exc)[:120]})", flush=True)
             last, r = time.perf_counter() - t_round, r + 1
             phase["wall_s"], phase["load_after"] = time.perf_counter() - t0, os.getloadavg()[0]
             save()
-            duets = phase["duets"][-len(conditions):]
+            duets = [d for d in phase["duets"] if d["round"] == r - 1]
             print(f"{n_burners} burners, round {r} ({time.perf_counter() - t0:.0f} s, load {os.getloadavg()[0]:.1f}): "
                   + ", ".join(f"+{int(d['slowdown'] * 100)}% x{d['verdict']['ratio'] or 0:.3f} {d['verdict']['status']}"
                               for d in sorted(duets, key=lambda d: d["slowdown"])), flush=True)
@@ -167,7 +173,7 @@ def collect(args) -> dict:
     bench = RevisionBench(SLOWDOWNS, args.lane_budget_s)
     try:
         for n in args.loads:
-            data["phases"].append(_phase(me, plan, bench, n, args.budget_s / len(args.loads), args, save))
+            _phase(me, plan, bench, n, args.budget_s / len(args.loads), args, save, data["phases"])
     finally:
         bench.close()
     save()
@@ -276,7 +282,8 @@ def analyse(data: dict, history: int) -> None:
     rows = []
     for ph in phases:
         name = f"{ph['burners']} burners, load {ph.get('load_before', float('nan')):.1f}-{ph.get('load_after', float('nan')):.1f}"
-        print(f"\n=== phase: {name}, {ph.get('wall_s', 0):.0f} s")
+        print(f"\n=== phase: {name}, {ph.get('wall_s', 0):.0f} s"
+              + (f"; {len(ph['errors'])} launch(es) failed: {ph['errors'][0]}" if ph.get("errors") else ""))
         describe(ph, data)
         for rule_name, fa, powers in history_rules(ph, history):
             print(f"  {rule_name}: false alarms {fa * 100:.1f}%, power " + ", ".join(f"{p * 100:.0f}%" for p in powers))
