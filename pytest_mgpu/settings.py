@@ -27,6 +27,7 @@ from .timing.rule import DEFAULT_THRESHOLD
 ENV_FALLBACK: Final = "PYTEST_MGPU_FALLBACK"
 ENV_ISOLATE: Final = "PYTEST_MGPU_ISOLATE"
 ENV_REQUIRE_GPUS: Final = "PYTEST_MGPU_REQUIRE_GPUS"
+ENV_AGAINST: Final = "PYTEST_MGPU_AGAINST"
 DEFAULT_TIMEOUT_S: Final = 300.0
 DEFAULT_TIMEOUT_SOURCE: Final = f"the default --mgpu-timeout of {DEFAULT_TIMEOUT_S:g}s"
 DEFAULT_SEED: Final = 0
@@ -114,7 +115,13 @@ REPORT = Option(
     ini=None, cli={"metavar": "PATH", "action": "append"})
 PLOT = Option("mgpu_plot", "--mgpu-plot", "draw PNG charts of the timings into DIR (needs matplotlib)",
               ini=None, cli={"metavar": "DIR"})
-TIMING_OPTIONS: Final = (BASELINES, SAVE_BASELINES, REGRESSION, GATE, REPORT, PLOT)
+AGAINST = Option(
+    "mgpu_against", "--mgpu-against",
+    "measure every dist.benchmark also against git revision REV (e.g. origin/main), interleaved in a "
+    f"second set of ranks, and judge the change by the head/base ratio (ini mgpu_against, env {ENV_AGAINST})",
+    ini_help="git revision to measure every dist.benchmark against: see --mgpu-against", env=ENV_AGAINST,
+    cli={"metavar": "REV"})
+TIMING_OPTIONS: Final = (BASELINES, SAVE_BASELINES, REGRESSION, GATE, REPORT, PLOT, AGAINST)
 
 
 def add_options(parser, group, options) -> None:
@@ -292,6 +299,7 @@ class TimingSettings:
     gate: GateMode = "auto"  # auto: fail once a measurement's history is long enough (GPUs and CPU ranks)
     report_paths: Tuple[Path, ...] = ()
     plot_dir: Optional[Path] = None
+    against: Optional[str] = None  # git revision of the revision lane (timing.revision)
 
     def mode_for(self, shared_cores: bool) -> Literal["fail", "warn"]:
         """What a regression does. ``auto`` fails on GPUs and on emulated CPU ranks alike (the
@@ -318,6 +326,7 @@ def resolve_timing(option: Callable[[str], object], ini: Callable[[str], object]
             raise SettingsError(f"{REPORT.flag} writes .md, .json or .csv (by extension; no extension: "
                                 f"Markdown appended, as for $GITHUB_STEP_SUMMARY), got {report}")
     plots = src.pick(PLOT).value
+    against = src.pick(AGAINST)
     return TimingSettings(
         baselines_dir=base / str(baselines.value) if base is not None else rootpath / "baselines",
         save=bool(option(SAVE_BASELINES.dest)),
@@ -325,4 +334,5 @@ def resolve_timing(option: Callable[[str], object], ini: Callable[[str], object]
         gate=choice(src.pick(GATE), GATE_MODES, "auto"),  # type: ignore[arg-type]
         report_paths=reports,
         plot_dir=here / str(plots) if plots is not None else None,
+        against=str(against.value).strip() if against.value is not None else None,
     )

@@ -3,8 +3,8 @@
 FSDP shards parameters, gradients and optimizer state over the ranks and gathers parameters
 around each block's forward and backward; DDP keeps a full replica of all three in every rank.
 Both measurements are rows of the group "<arch>-adam-b<batch>" in the report (time and memory bars
-side by side with --mgpu-plot). Memory is CUDA's max_memory_allocated on GPUs and the peak C heap in
-use (mallinfo2) above the rank's start on CPU.
+side by side with --mgpu-plot). Memory is CUDA's max_memory_allocated on GPUs and, on CPU, the peak of
+tensor memory from setup through two steps (the torch profiler's allocation events).
 """
 import pytest
 

@@ -40,23 +40,40 @@ def test_compare_baseline_histories_exit_status(tmp_path):
     assert all(len(line) <= 120 for line in r.stdout.splitlines())
 
 
-def test_compare_reports_with_samples_and_a_damaged_file(tmp_path):
-    def report(path, median):
-        d = {"key": KEY, "median_s": median, "iqr_s": 0.001, "x": None, "samples_s": [median * (1 + 0.01 * i) for i in range(10)],
-             "rank_samples_s": [[median] * 10], "slowest_rank": 0, "skew": 0.0,
-             "task": {"name": "ddp", "strategy": "ddp", "group": "step", "params": {}, "world_size": 2,
-                      "device_type": "cpu", "emulated": True, "batch_size": None}}
-        path.write_text(json.dumps({"format": "pytest-mgpu timing report 2", "rows": [], "measurements": [d]}))
-        return path
+def _report(path, median, x=None, unstable=""):
+    d = {"key": KEY, "median_s": median, "iqr_s": 0.001, "x": x, "reference_hash": "h1", "unstable": unstable,
+         "samples_s": [median * (1 + 0.01 * i) for i in range(10)],
+         "rank_samples_s": [[median] * 10], "slowest_rank": 0, "skew": 0.0,
+         "task": {"name": "ddp", "strategy": "ddp", "group": "step", "params": {}, "world_size": 2,
+                  "device_type": "cpu", "emulated": True, "batch_size": None}}
+    path.write_text(json.dumps({"format": "pytest-mgpu timing report 2", "rows": [], "measurements": [d]}))
+    return path
 
-    old, new, slow = report(tmp_path / "a.json", 0.1), report(tmp_path / "b.json", 0.1), report(tmp_path / "c.json", 0.2)
-    assert _compare(old, new).returncode == 0
+
+def test_compare_reports_judges_as_pytest_does_and_names_a_damaged_file(tmp_path):
+    """Two reports: OLD is one launch, so NEW is "learning 1/5" with its reference-normalized change,
+    as the in-pytest row says, not a verdict of another rule (issue 18: "+9.1% same" vs "+15.9%
+    learning 1/5")."""
+    old = _report(tmp_path / "a.json", 0.1, x=math.log(10))
+    slow = _report(tmp_path / "c.json", 0.2, x=math.log(10 * 1.159))
     r = _compare(old, slow)
-    assert r.returncode == 1 and "SLOWER" in r.stdout
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "+15.9% (n=1)" in r.stdout and "learning 1/5" in r.stdout and "SLOWER" not in r.stdout
     bad = tmp_path / "bad.json"
     bad.write_text("[1, 2")
     r = _compare(old, bad)
     assert r.returncode == 2 and "bad.json" in r.stdout
+
+
+def test_compare_never_calls_an_unstable_measurement_faster_or_slower(tmp_path):
+    xs = [0.0, 0.02, -0.01, 0.015, -0.02, 0.01, 0.0, -0.005]
+    old = _history(tmp_path / "old", xs)
+    for factor in (0.5, 2.0):
+        new = _report(tmp_path / f"n{factor}.json", 0.01 * factor, x=math.log(factor),
+                      unstable="IQR 80% of the median (limit 60%)")
+        r = _compare(old, new)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "unstable" in r.stdout and "faster" not in r.stdout and "SLOWER" not in r.stdout
 
 
 def test_report_without_suffix_appends_markdown(tmp_path):

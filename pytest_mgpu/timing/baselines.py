@@ -35,6 +35,12 @@ FORMAT_1 = "pytest-mgpu baselines 1"
 HISTORY = 30  # launches kept per measurement: enough for the t interval, small enough to follow drift
 
 
+STALE = ("its fingerprint names the CPU model but not its generation (recorded before fingerprints carried "
+         "the CPU's family/model/stepping and torch's ISA level), and one CPU name covers machines up to 2.2x "
+         "apart, so it judges nothing here. Record this machine's baseline with --mgpu-save-baselines, then "
+         "delete the stale file")
+
+
 class BaselineError(ValueError):
     """A baseline file that cannot be used; the message names the file and what is wrong."""
 
@@ -251,14 +257,26 @@ class BaselineStore:
             return None
         return Baseline(f.entries[key], source)
 
+    def stale_for(self, fp: Fingerprint) -> List[BaselineFile]:
+        """Files keyed by an older fingerprint that names this machine's CPU model but not its
+        generation (no vendor/family/model/stepping, no ISA level: format-1 files of issue 13's time).
+        They may be this machine's or another generation's, so they judge nothing; ``STALE`` says
+        so instead of ignoring them in silence (issue 18)."""
+        if not fp.emulated or (fp.cpu_id is None and fp.isa is None):
+            return []
+        return [f for f in self._files() if f.fingerprint.emulated and f.fingerprint.cpu_id is None
+                and f.fingerprint.isa is None and (f.fingerprint.device, f.fingerprint.device_count,
+                                                   f.fingerprint.backend) == (fp.device, fp.device_count, fp.backend)]
+
     def describe_match(self, fp: Fingerprint) -> str:
         f, source = self.file_for(fp)
+        stale = "".join(f"; {s.path.name} is stale: {STALE}" for s in self.stale_for(fp))
         if f is None:
             problem = self.unreadable(fp)
             if problem:
                 return f"unreadable: {problem}"
-            return f"none in {self.dir} (record one with --mgpu-save-baselines)"
-        return f"{self.dir / source} ({len(f.entries)} entries, format {f.format[-1]})"
+            return f"none in {self.dir} (record one with --mgpu-save-baselines){stale}"
+        return f"{self.dir / source} ({len(f.entries)} entries, format {f.format[-1]}){stale}"
 
     def save(self, fp: Fingerprint, launches: Dict[str, NewLaunch]) -> Path:
         """Append one launch per key to the file of ``fp`` (created if missing), atomically, under a

@@ -1,58 +1,62 @@
 """``python -m pytest_mgpu compare OLD NEW``: judge NEW's launches against OLD's, outside pytest.
 
 OLD and NEW are baseline files (format 1 or 2) or JSON reports (``--mgpu-report=x.json``). Per
-measurement key in both, NEW's latest launch is judged against OLD's history with the gate's rule
-(``rule.judge_history`` on x = ln(step/reference)). When OLD has fewer than ``rule.MIN_HISTORY``
-comparable launches (a single report, a format-1 file) and both sides carry samples, the previous
-rule decides instead (Mann-Whitney on iterations AND the threshold, ``gate.judge``), and the table
-says so: for bisects, where the two sides ran back to back on one machine. Exit status 1 when any
-measurement is slower, 0 otherwise, 2 when a file cannot be read.
+measurement key in both, NEW's latest launch is judged against OLD's history of launches with the
+function pytest judges it with (``rule.decide`` on x = ln(step/reference), with the same reference
+workload), so that compare and the in-pytest row agree on the same data: fewer than
+``rule.MIN_HISTORY`` launches on OLD's side is "learning k/5", as in pytest; an unstable measurement
+is "unstable", never faster or slower. Mann-Whitney on the samples is shown as information only.
+Rows of NEW's revision lane (``--mgpu-against``) are judged again from their pairs with
+``pairing.judge_pairs``, the function pytest used. Exit status 1 when any measurement is slower, 0
+otherwise, 2 when a file cannot be read.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
-from . import gate, rule
+from . import rule
 from .baselines import BaselineError, BaselineFile
+from .pairing import RevisionStatus, judge_pairs
 from .report import build_rows, terminal_table
+from .stats import mann_whitney
 
 
 @dataclass
 class Side:
-    """One launch per key (``latest``) and, per key, the launches before it (``history``)."""
+    """One launch per key (``latest``) and, per key, every launch's (x, reference hash, median)."""
 
     latest: Dict[str, dict]  # key -> measurement-like dict
-    history: Dict[str, List[float]]  # key -> x of earlier launches
+    launches: Dict[str, List[Tuple[Optional[float], Optional[str], float]]]
 
 
 def _from_baseline(f: BaselineFile) -> Side:
-    latest, history = {}, {}
+    latest, launches = {}, {}
     for key, e in f.entries.items():
         last = e.launches[-1]
         info = e.info
         latest[key] = {
             "key": key, "median_s": last.median_s, "iqr_s": last.iqr_s, "x": last.x,
-            "reference_hash": last.reference_hash, "samples_s": list(e.latest_samples_s),
+            "reference_hash": last.reference_hash or "", "samples_s": list(e.latest_samples_s),
             "task": {"name": key.rsplit("::", 1)[-1], "strategy": info.get("strategy", "?"),
                      "group": info.get("group", key.split("::")[0]), "params": info.get("params") or {},
                      "world_size": info.get("world_size", 1), "device_type": "cuda" if not f.fingerprint.emulated else "cpu",
                      "emulated": f.fingerprint.emulated, "batch_size": info.get("batch_size")},
             "fingerprint_key": f.fingerprint.key(),
         }
-        history[key] = [ln.x for ln in e.launches if ln.x is not None and ln.reference_hash == last.reference_hash]
-    return Side(latest, history)
+        launches[key] = [(ln.x, ln.reference_hash, ln.median_s) for ln in e.launches]
+    return Side(latest, launches)
 
 
 def _from_report(doc: dict) -> Side:
-    latest = {}
-    for d in doc.get("measurements", []):
-        latest[d["key"]] = dict(d)
-    return Side(latest, {k: [d["x"]] if d.get("x") is not None else [] for k, d in latest.items()})
+    latest = {d["key"]: dict(d) for d in doc.get("measurements", [])}
+    launches = {k: [(d.get("x"), d.get("reference_hash") or None, d["median_s"])] for k, d in latest.items()
+                if not d.get("unstable")}  # pytest never records an unstable launch into a history
+    return Side(latest, launches)
 
 
 def load(path: Path) -> Side:
@@ -67,33 +71,29 @@ def load(path: Path) -> Side:
 
 
 def judge_pair(old: Side, new: Side, key: str, threshold: float) -> dict:
+    """NEW's measurement ``key`` judged against OLD's launches timed with the same reference."""
     d = dict(new.latest[key])
-    hist = old.history.get(key, [])
-    if len(hist) >= rule.MIN_HISTORY:
-        v = rule.judge_history(d.get("x"), hist, threshold)
-        d["compare_rule"] = "history"
-    else:
-        before = old.latest[key]
-        v = _samples_verdict(before.get("samples_s"), d.get("samples_s"), threshold, len(hist))
-        d["compare_rule"] = "samples"
-    d.update(verdict=v.to_dict(), gate_mode="fail", history_median_s=old.latest[key].get("median_s"),
-             baseline_source="OLD")
+    same_ref = [(x, med) for x, h, med in old.launches.get(key, []) if (h or "") == (d.get("reference_hash") or "")]
+    prior = d.get("verdict") or {}
+    v = rule.decide(d.get("x"), [x for x, _ in same_ref], threshold, d.get("unstable") or "", prior.get("x_again"))
+    meds = sorted(med for _, med in same_ref)
+    old_samples = (old.latest.get(key) or {}).get("samples_s")
+    p = mann_whitney(d["samples_s"], old_samples).p_greater if d.get("samples_s") and old_samples else None
+    d.update(verdict=v.to_dict(), gate_mode="fail", baseline_source="OLD", mann_whitney_p=p,
+             history_median_s=statistics.median(meds) if meds else None)
     d.setdefault("rank_samples_s", [d.get("samples_s") or [d["median_s"]]])
     d.setdefault("slowest_rank", 0)
     d.setdefault("skew", 0.0)
+    if d.get("revision"):
+        d["revision"] = rejudge_revision(d["revision"], threshold)
     return d
 
 
-def _samples_verdict(old: Optional[List[float]], new: Optional[List[float]], threshold: float,
-                     n_hist: int) -> rule.HistoryVerdict:
-    """Few launches on OLD's side: Mann-Whitney on iterations AND the threshold (the previous rule)."""
-    if not old or not new:
-        return rule.HistoryVerdict(rule.Status.LEARNING, None, n_hist, threshold)
-    g = gate.judge(new, old, threshold)
-    status = {gate.SLOWER: rule.Status.SLOWER, gate.FASTER: rule.Status.FASTER}.get(g.status, rule.Status.SAME)
-    center = math.log(g.baseline_median)
-    return rule.HistoryVerdict(status, math.log(g.new_median), n_hist, threshold, gate.ALPHA, center,
-                               None, None, g.p_value)
+def rejudge_revision(r: dict, threshold: float) -> dict:
+    """A revision-lane result judged again from its pairs (at ``threshold``), as pytest judged it."""
+    if not r.get("pairs_head"):
+        return r  # new, or the base failed: nothing to judge
+    return dict(r, verdict=judge_pairs(r["pairs_head"], r["pairs_base"], threshold).to_dict())
 
 
 def main(argv=None) -> int:
@@ -116,6 +116,8 @@ def main(argv=None) -> int:
     if rows:
         print(terminal_table(rows))
     slower = [d["key"] for d in judged if d["verdict"]["status"] == rule.Status.SLOWER.value]
+    slower += [f"{d['key']} (against {d['revision']['rev']})" for d in judged
+               if (d.get("revision") or {}).get("verdict", {}).get("status") == RevisionStatus.SLOWER.value]
     for key in slower:
         print(f"SLOWER: {key}")
     return 1 if slower else 0

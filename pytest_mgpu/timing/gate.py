@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Final, Optional, Sequence
 
-from .measure import fmt_time
+from .units import fmt_time
 from .rule import DEFAULT_THRESHOLD, percent
 from .stats import MannWhitney, mann_whitney, min_p
 

@@ -14,11 +14,15 @@ import functools
 import math
 import statistics
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 from ..launch.protocol import pack_call
 from .inrank import DEFAULT_MIN_RUN_TIME, LoopConfig, RankTiming, rank_loop
 from .reference import REFERENCE_HASH
+from .units import fmt_bytes, fmt_time
+
+if TYPE_CHECKING:
+    from .revision import RevisionResult
 
 # Sanity limits of one measurement (issue 13: a split-size sweep gave a single-device median of
 # 2.916 s with an IQR of 1.9 s in one run and 298.7 ms in an identical one). Beyond these the
@@ -66,21 +70,6 @@ class TaskSpec:
 
 
 # -- what came out ----------------------------------------------------------------------------------
-def fmt_time(seconds: Optional[float]) -> str:
-    if seconds is None or math.isnan(seconds):
-        return "-"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if abs(seconds) >= scale:
-            return f"{seconds / scale:.4g} {unit}"
-    return f"{seconds * 1e9:.4g} ns"
-
-
-def fmt_bytes(n: Optional[float]) -> str:
-    if n is None:
-        return "-"
-    return f"{n / 2**20:.0f} MiB" if abs(n) >= 2**20 else f"{n / 2**10:.0f} KiB"
-
-
 def _quartiles(xs: Sequence[float]):
     if len(xs) < 2:
         return xs[0], xs[0]
@@ -103,6 +92,7 @@ class Measurement:
     unstable: str = ""  # why the samples do not describe one speed (after one re-measurement)
     remeasured: int = 0  # re-measurements taken: for instability, or to confirm a flagged regression
     remeasure: Optional[Callable[[], "Measurement"]] = field(default=None, repr=False, compare=False)
+    revision: Optional["RevisionResult"] = None  # --mgpu-against: the head/base pairs and their verdict
 
     @property
     def reference_median(self) -> Optional[float]:
@@ -159,6 +149,10 @@ class Measurement:
         if any(m is not None for m in self.peak_mem_bytes):
             lines.append(f"  peak memory per rank ({self.mem_source}): "
                          + ", ".join(fmt_bytes(m) for m in self.peak_mem_bytes))
+        if self.unstable:
+            lines.append(f"  unstable: {self.unstable} (after re-measuring): not judged, not saved")
+        if self.revision is not None:
+            lines.append("  " + self.revision.format())
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -188,15 +182,21 @@ class Measurement:
             "x": self.x,
             "unstable": self.unstable,
             "remeasured": self.remeasured,
+            "revision": self.revision.to_dict() if self.revision is not None else None,
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> "Measurement":
         task = TaskSpec(**{k: v for k, v in d["task"].items() if k in TaskSpec.__dataclass_fields__})
+        revision = None
+        if d.get("revision"):
+            from .revision import RevisionResult
+
+            revision = RevisionResult.from_dict(d["revision"])
         return cls(task, list(d["samples_s"]), [list(s) for s in d["rank_samples_s"]], d["warmup"],
                    list(d.get("peak_mem_bytes", [])), d.get("mem_source", ""),
                    list(d.get("reference_samples_s") or []), d.get("reference_hash", ""),
-                   d.get("unstable", ""), d.get("remeasured", 0))
+                   d.get("unstable", ""), d.get("remeasured", 0), revision=revision)
 
 
 def instability(samples: Sequence[float]) -> str:
@@ -271,7 +271,7 @@ def benchmark(
     __tracebackhide__ = True
     loop = _loop_config(warmup, repeat, min_run_time)
     batch_size = _positive_int("batch_size", batch_size, allow_zero=False)
-    ref, _ = pack_call(fn, args, kwargs)  # clear errors for unsendable functions and arguments
+    ref, payload = pack_call(fn, args, kwargs)  # clear errors for unsendable functions and arguments
     run = functools.partial(_launch, dist, ref, args, kwargs, loop, single_process, timeout)
     timings = run()
     recorded: Optional[List[Measurement]] = getattr(dist, "measurements", None)
@@ -288,6 +288,9 @@ def benchmark(
     if m.unstable:  # once more; if it stays unstable it is marked, and never judged or saved
         m = _assemble(task, run(), remeasured=1)
     m.remeasure = functools.partial(_remeasure, task, run, m.remeasured)
+    lane = getattr(dist, "against", None)  # --mgpu-against: set on the test's dist by timing.plugin
+    if lane is not None:
+        m.revision = lane.measure(dist, ref, payload, loop, single_process, timeout)
     if recorded is not None:
         recorded.append(m)
     return m

@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 from typing import Final, Mapping, Optional
 
-from .measure import fmt_time
+from .units import fmt_time
+from .pairing import RevisionStatus, RevisionVerdict
 from .rule import MIN_HISTORY, HistoryVerdict, Status, percent
 
 
@@ -79,3 +80,86 @@ def describe(d: dict) -> str:
     elif v.status == Status.FASTER:
         text += ". Faster than its history: record it with --mgpu-save-baselines to tighten the gate"
     return text
+
+
+# -- the revision lane (--mgpu-against) -------------------------------------------------------------
+def revision_of(d: dict) -> Optional[RevisionVerdict]:
+    r = d.get("revision")
+    return RevisionVerdict.from_dict(r["verdict"]) if r else None
+
+
+def _pct(ratio: float) -> str:
+    return f"{(ratio - 1) * 100:+.1f}"
+
+
+def revision_change_cell(r: dict) -> str:
+    """``+23.1% [+18.0,+28.4]``: head/base and the interval's ends, as changes."""
+    v = RevisionVerdict.from_dict(r["verdict"])
+    if v.ratio is None:
+        return "-"
+    if v.low is None or v.high is None:
+        return f"{_pct(v.ratio)}% (n={v.pairs})"
+    return f"{_pct(v.ratio)}% [{_pct(v.low)},{_pct(v.high)}]"
+
+
+def revision_status_cell(r: dict, gate_mode: str, outcome: str = "") -> str:
+    v = RevisionVerdict.from_dict(r["verdict"])
+    text = v.status.value
+    if v.status == RevisionStatus.SLOWER:
+        text = "SLOWER (failed)" if gate_mode == "fail" else "slower (warned)"
+    if outcome not in ("passed", "") and not text.startswith("SLOWER"):
+        text += f"; test {outcome}"
+    return text
+
+
+def lane_cell(r: Optional[dict], width: int = 26) -> str:
+    """Which lane judged the row: ``history``, or ``vs REV@short`` (``+dirty``: the head side measured
+    a working tree with uncommitted changes, not a commit)."""
+    if not r:
+        return "history"
+    tail = f"@{r['short']}" + (" +dirty" if r.get("dirty") else "")
+    room = max(4, width - len(tail) - 3)
+    rev = r["rev"] if len(r["rev"]) <= room else r["rev"][: room - 1] + "~"
+    return f"vs {rev}{tail}"
+
+
+def head_words(r: dict) -> str:
+    return f"the working tree with {r['dirty']}" if r.get("dirty") else "the working tree, clean"
+
+
+def revision_line(r: dict) -> str:
+    """One paragraph: what was compared with what, the pairs, the verdict, and what to do."""
+    v = RevisionVerdict.from_dict(r["verdict"])
+    against = f"against {r['rev']} ({r['short']})"
+    if v.status in (RevisionStatus.NEW, RevisionStatus.BASE_FAILED):
+        return f"{against}: {v.status.value}: {v.note}; not judged"
+    text = (f"{against}: base {fmt_time(r.get('base_median_s'))}, head {fmt_time(r.get('head_median_s'))} "
+            f"({head_words(r)}); head/base")
+    if v.ratio is not None:
+        text += f" x{v.ratio:.3f}"
+    if v.low is not None and v.high is not None:
+        text += f" [{v.low:.3f}, {v.high:.3f}] ({v.level:.0%} bootstrap interval)"
+    text += (f" over {v.pairs} interleaved pair(s) of {r.get('iterations', 1)} iteration(s); "
+             f"threshold +/-{v.threshold * 100:.0f}%: {v.status.value}")
+    if v.note:
+        text += f" ({v.note})"
+    if v.status == RevisionStatus.SLOWER:
+        text += (f". The whole interval lies above +{v.threshold * 100:.0f}%: this change makes the step slower "
+                 f"than {r['rev']}. If that is expected, raise --mgpu-regression or use --mgpu-gate=warn")
+    return text
+
+
+def lane_notes(measurements) -> list:
+    """One line per REV the run was measured against: what the head side was, and the rule."""
+    seen = {}
+    for d in measurements:
+        r = d.get("revision")
+        if r:
+            seen.setdefault((r["rev"], r["short"]), r)
+    lines = []
+    for (rev, short), r in sorted(seen.items()):
+        v = RevisionVerdict.from_dict(r["verdict"])
+        lines.append(f"revision lane: vs {rev} ({short}); head: {head_words(r)}; head/base of interleaved pairs with "
+                     f"its {v.level:.0%} bootstrap interval: slower above +{v.threshold * 100:g}%, faster below "
+                     f"-{v.threshold * 100:g}%, unstable when wider than that band")
+    return lines

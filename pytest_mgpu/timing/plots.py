@@ -3,6 +3,8 @@
 Three kinds, after the reference experiments: a bar chart per group (median step time with the
 interquartile range as error bars, and peak memory when known), a curve per group over a numeric
 parameter (the split-size trade-off of pipelining), and scaling efficiency against world size.
+Rows of the revision lane (``--mgpu-against``) get their own charts per group ("<group> vs REV"):
+the head's medians as bars, the base's as markers.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ def _slug(text: str) -> str:
 def _by_group(rows: Sequence[Row]) -> Dict[str, List[Row]]:
     out: Dict[str, List[Row]] = {}
     for r in rows:
-        key = r.group + (" (emulated)" if r.emulated else "")
+        key = r.group + (" (emulated)" if r.emulated else "") + (f" vs {r.against}" if r.lane == "revision" else "")
         out.setdefault(key, []).append(r)
     return out
 
@@ -96,11 +98,11 @@ def _bars(plt, group: str, members: Sequence[Row], out_dir: Path) -> Path:
     xs = range(len(members))
     _bar_axis(ax, xs, [r.median_s for r in members], labels, "step time (s): median, bars to quartiles", group,
               yerr=_iqr_bars(members), capsize=6, ecolor="red")
-    base = [(x, r.measurement.get("history_median_s")) for x, r in zip(xs, members)
-            if r.measurement.get("history_median_s") is not None]
+    base = [(x, r.base_s) for x, r in zip(xs, members) if r.base_s is not None]
     if base:
+        label = f"base median ({members[0].against})" if members[0].lane == "revision" else "baseline median"
         ax.scatter([b[0] for b in base], [b[1] for b in base], marker="_", s=900, linewidths=2,
-                   color="black", label="baseline median", zorder=3)
+                   color="black", label=label, zorder=3)
         ax.legend(fontsize=8)
     if has_mem:
         _bar_axis(axes[1], xs, [(m or 0) / 2**20 for m in mems], labels, "peak memory per rank (MiB)",

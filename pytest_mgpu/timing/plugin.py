@@ -43,13 +43,32 @@ def git_commit(where: Path) -> Optional[str]:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
+def _revision_lane(config, options, session):
+    """The revision lane of this session, after checking that REV exists where the tests live: a
+    wrong REV stops the run at once instead of failing every benchmark."""
+    from .revision import RevisionLane
+    from .worktree import RevisionError
+
+    if session.external is not None:
+        raise pytest.UsageError(f"--mgpu-against={options.against} needs pytest-mgpu to start the ranks itself; "
+                                "inside a torchrun/srun job the ranks are the pytest processes. Run it without "
+                                "torchrun/srun (gloo CPU ranks or this machine's GPUs).")
+    lane = RevisionLane(options.against, options.threshold)
+    try:
+        lane.worktrees.check(config.rootpath)
+    except RevisionError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    return lane
+
+
 class TimingPlugin:
     """Per-session timing hooks: judge after each test's call, report and save at the end."""
 
-    def __init__(self, config, state: TimingState, session):
+    def __init__(self, config, state: TimingState, session, lane=None):
         self.config = config
         self.state = state
         self.session = session  # the core's MgpuSession: hardware, and whether this process reports
+        self.lane = lane  # timing.revision.RevisionLane under --mgpu-against
         self.rows: list = []
         self.notes: List[str] = []
         self.lines: List[str] = []
@@ -77,9 +96,14 @@ class TimingPlugin:
         def fingerprint_of(device_type: str):
             return fingerprint(device_type, session.hardware.cuda_names if device_type == "cuda" else None)
 
-        plugin = cls(config, TimingState(options, fingerprint_of, shared_cores=shared), session)
+        lane = _revision_lane(config, options, session) if options.against else None
+        plugin = cls(config, TimingState(options, fingerprint_of, shared_cores=shared), session, lane)
         config.pluginmanager.register(plugin, "mgpu-timing")
         return plugin
+
+    def pytest_unconfigure(self, config):
+        if self.lane is not None:
+            self.lane.close()  # its ranks, and the worktrees of REV
 
     def _judge(self, item):
         handle = getattr(item, "funcargs", {}).get("dist")
@@ -96,6 +120,9 @@ class TimingPlugin:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item):
+        handle = getattr(item, "funcargs", {}).get("dist")
+        if self.lane is not None and handle is not None:
+            handle.against = self.lane.for_test(item.path)  # read by timing.measure.benchmark
         try:
             result = yield
         except BaseException:
@@ -123,6 +150,9 @@ class TimingPlugin:
         found = [(rec.nodeid, rec.outcome, d) for rec, d in self.state.measurements()]
         self.rows = report.build_rows(found)
         self.notes = self.state.fingerprint_notes()  # before saving: what this run was judged by
+        from .messages import lane_notes
+
+        self.notes += lane_notes(d for _, _, d in found)
         if any(r.efficiency is not None and r.efficiency > 1.0 + 1e-9 for r in self.rows):
             self.notes.append("efficiency over 100% (!): more than linear scaling usually means the one-device "
                               "row was slowed (load, memory); re-run before trusting it")
@@ -160,11 +190,13 @@ class TimingPlugin:
     def pytest_terminal_summary(self, terminalreporter):
         if not self.rows:
             return
-        from .report import terminal_table
+        from .report import lane_details, terminal_table
 
         terminalreporter.section("pytest-mgpu timing")
         for line in self.notes:
             terminalreporter.write_line(line)
         terminalreporter.write_line(terminal_table(self.rows))
+        for line in lane_details(self.rows):
+            terminalreporter.write_line(line)
         for line in self.lines:
             terminalreporter.write_line(line)

@@ -1,4 +1,10 @@
-"""The report after a run: one row per measurement, with speed-up over the group's one-device row.
+"""The report after a run: one row per measurement and lane, with speed-up over the group's one-device row.
+
+One row type for both lanes: a "history" row judges the measurement against the stored launches of
+this machine (``rule``), a "revision" row judges the head against REV measured beside it
+(``--mgpu-against``, ``pairing``). Both have a median (this run's, or the head's), a baseline (the
+history's median of medians, or the base's median), a change and a verdict; ``lane`` says which
+judged it. A measurement with a revision lane and no recorded launch gets only its revision row.
 
 Bookkeeping (``build_rows``) is kept apart from rendering (tabulate for the terminal and Markdown,
 json and csv for files), as in torch.utils.benchmark's Compare.
@@ -9,13 +15,15 @@ import csv
 import io
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Literal, Optional, Sequence, Tuple
 
 from . import messages
-from .measure import fmt_bytes, fmt_time
+from .units import fmt_bytes, fmt_time
 from .rule import Status
+
+Lane = Literal["history", "revision"]
 
 REPORT_FORMAT = "pytest-mgpu timing report 2"
 TERMINAL_WIDTH = 120
@@ -54,6 +62,14 @@ class Row:
     speedup: Optional[float] = None
     efficiency: Optional[float] = None
     reference: str = ""  # the row the speed-up is relative to
+    lane: Lane = "history"
+    base_s: Optional[float] = None  # history: its median of medians; revision: the base's median
+    against: str = ""  # revision: REV@short
+    head: str = ""  # revision: what the head side measured (the working tree, clean or not)
+
+    @property
+    def revision(self) -> Optional[dict]:
+        return self.measurement.get("revision") if self.lane == "revision" else None  # type: ignore[return-value]
 
     @property
     def label(self) -> str:
@@ -70,11 +86,38 @@ def _row(test: str, outcome: str, d: dict) -> Row:
         key=d["key"], test=test, name=t["name"], strategy=t["strategy"], group=t["group"],
         params=dict(t.get("params") or {}), world_size=t["world_size"], device_type=t["device_type"],
         emulated=t["emulated"], batch_size=t.get("batch_size"), median_s=d["median_s"], iqr_s=d["iqr_s"],
-        q1_s=d.get("q1_s", d["median_s"]), q3_s=d.get("q3_s", d["median_s"]), n=len(d["samples_s"]), throughput=d.get("throughput"), slowest_rank=d["slowest_rank"],
+        q1_s=d.get("q1_s", d["median_s"]), q3_s=d.get("q3_s", d["median_s"]), n=len(d["samples_s"]),
+        throughput=d.get("throughput"), slowest_rank=d["slowest_rank"],
         skew=d["skew"], ranks=len(d["rank_samples_s"]), peak_mem_bytes=max(mems) if mems else None,
         outcome=outcome, verdict=d.get("verdict"), gate_mode=d.get("gate_mode", ""),
         fingerprint=d.get("fingerprint_key", ""), measurement=d, unstable=d.get("unstable", ""),
+        base_s=d.get("history_median_s"),
     )
+
+
+def _revision_row(history: Row, r: dict) -> Row:
+    """The same measurement as its revision lane saw it: head vs base, from the pairs."""
+    heads = sorted(r.get("pairs_head") or [])
+    q1, q3 = (heads[len(heads) // 4], heads[(3 * len(heads)) // 4]) if heads else (None, None)
+    head_median = r.get("head_median_s")
+    return replace(
+        history, lane="revision", verdict=r["verdict"], base_s=r.get("base_median_s"), n=len(heads),
+        median_s=head_median if head_median is not None else math.nan,
+        iqr_s=(q3 - q1) if heads else math.nan, q1_s=q1 if heads else math.nan, q3_s=q3 if heads else math.nan,
+        throughput=(history.batch_size / head_median) if history.batch_size and head_median else None,
+        against=f"{r['rev']}@{r['short']}", head=messages.head_words(r), unstable="",
+    )
+
+
+def _lanes(test: str, outcome: str, d: dict) -> List[Row]:
+    row = _row(test, outcome, d)
+    r = d.get("revision")
+    if not r:
+        return [row]
+    rows = [_revision_row(row, r)]
+    if (d.get("verdict") or {}).get("status") != Status.NEW.value:  # the history lane has something to say
+        rows.insert(0, row)
+    return rows
 
 
 def _sort_key(r: Row):
@@ -89,18 +132,18 @@ def build_rows(measurements: Iterable[Tuple[str, str, dict]]) -> List[Row]:
     the strategy "single". Speed-up compares throughput when both rows know their batch size (so
     weak scaling counts), step time otherwise; efficiency divides it by the ratio of devices.
     """
-    rows = [_row(test, outcome, d) for test, outcome, d in measurements]
-    groups: Dict[Tuple[str, str], List[Row]] = {}
+    rows = [r for test, outcome, d in measurements for r in _lanes(test, outcome, d)]
+    groups: Dict[Tuple[str, str, str], List[Row]] = {}
     for r in rows:
-        groups.setdefault((r.group, r.device_type), []).append(r)
+        groups.setdefault((r.group, r.device_type, r.lane), []).append(r)
     ordered: List[Row] = []
-    for (group, _), members in groups.items():
+    for members in groups.values():
         members.sort(key=_sort_key)
         ref = members[0]
         for r in members:
             if ref.throughput and r.throughput:
                 r.speedup = r.throughput / ref.throughput
-            elif r.median_s > 0:
+            elif r.median_s > 0 and ref.median_s > 0:
                 r.speedup = ref.median_s / r.median_s
             r.efficiency = r.speedup / (r.world_size / ref.world_size) if r.speedup is not None else None
             r.reference = f"{ref.label} ({ref.world_size} dev)"
@@ -110,8 +153,10 @@ def build_rows(measurements: Iterable[Tuple[str, str, dict]]) -> List[Row]:
 
 # -- rendering ----------------------------------------------------------------------------------
 HEADERS = ["group", "strategy", "W", "emulated", "median", "IQR", "samples/s", "speed-up", "efficiency",
-           "slowest rank", "peak mem", "vs history", "verdict"]
+           "slowest rank", "peak mem", "baseline", "change", "lane", "verdict"]
 TERMINAL = ["group", "strategy", "W", "median", "IQR", "speed-up", "eff.", "vs history", "verdict"]
+# with a revision lane: the same width, the lane's columns instead of IQR, speed-up and efficiency
+TERMINAL_LANES = ["group", "strategy", "W", "median", "baseline", "change", "lane", "verdict"]
 
 
 def _efficiency(r: Row) -> str:
@@ -125,13 +170,25 @@ def _speedup(r: Row) -> str:
     return f"{r.speedup:.2f}x" if r.speedup is not None else "-"
 
 
+def change_cell(r: Row) -> str:
+    rev = r.revision
+    return messages.revision_change_cell(rev) if rev else messages.delta_cell(r.measurement)
+
+
+def verdict_cell(r: Row) -> str:
+    rev = r.revision
+    if rev:
+        return messages.revision_status_cell(rev, r.gate_mode, r.outcome)
+    return messages.status_cell(r.measurement, r.outcome)
+
+
 def _cells(r: Row) -> List[str]:
     slow = f"{r.slowest_rank} (+{r.skew * 100:.0f}%)" if r.ranks > 1 else "-"
     return [
         r.group, r.label, str(r.world_size), "yes" if r.emulated else "no", fmt_time(r.median_s),
         fmt_time(r.iqr_s), f"{r.throughput:.1f}" if r.throughput else "-", _speedup(r), _efficiency(r), slow,
-        fmt_bytes(r.peak_mem_bytes), messages.delta_cell(r.measurement),
-        messages.status_cell(r.measurement, r.outcome),
+        fmt_bytes(r.peak_mem_bytes), fmt_time(r.base_s), change_cell(r), messages.lane_cell(r.revision, 40),
+        verdict_cell(r),
     ]
 
 
@@ -139,10 +196,12 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "~"
 
 
-def _terminal_cells(r: Row) -> List[str]:
+def _terminal_cells(r: Row, lanes: bool) -> List[str]:
+    if lanes:
+        return [_clip(r.group, 11), _clip(r.label, 10), str(r.world_size), fmt_time(r.median_s), fmt_time(r.base_s),
+                _clip(change_cell(r), 21), messages.lane_cell(r.revision, 29), _clip(verdict_cell(r), 15)]
     return [_clip(r.group, 26), _clip(r.label, 22), str(r.world_size), fmt_time(r.median_s), fmt_time(r.iqr_s),
-            _speedup(r), _efficiency(r), messages.delta_cell(r.measurement),
-            _clip(messages.status_cell(r.measurement, r.outcome), 24)]
+            _speedup(r), _efficiency(r), messages.delta_cell(r.measurement), _clip(verdict_cell(r), 24)]
 
 
 def table(rows: Sequence[Row], tablefmt: str = "simple") -> str:
@@ -153,11 +212,23 @@ def table(rows: Sequence[Row], tablefmt: str = "simple") -> str:
 
 
 def terminal_table(rows: Sequence[Row]) -> str:
-    """At most TERMINAL_WIDTH columns: the details (memory, throughput, ranks) are in the reports."""
+    """At most TERMINAL_WIDTH columns: the details (memory, throughput, ranks) are in the reports. With
+    a revision lane, its columns (baseline, change with interval, lane) replace IQR and scaling."""
     from tabulate import tabulate
 
-    return tabulate([_terminal_cells(r) for r in rows], headers=TERMINAL, tablefmt="simple",
-                    disable_numparse=True)
+    lanes = any(r.lane == "revision" for r in rows)
+    return tabulate([_terminal_cells(r, lanes) for r in rows], headers=TERMINAL_LANES if lanes else TERMINAL,
+                    tablefmt="simple", disable_numparse=True)
+
+
+def lane_details(rows: Sequence[Row]) -> List[str]:
+    """Under the terminal table: why a revision row was not judged (new, base failed, unstable)."""
+    out = []
+    for r in rows:
+        v = (r.revision or {}).get("verdict") or {}
+        if v.get("note"):
+            out.append(f"{r.key} vs {r.against}: {v['status']}: {v['note']}")
+    return out
 
 
 def markdown(rows: Sequence[Row], notes: Sequence[str] = ()) -> str:
@@ -166,20 +237,24 @@ def markdown(rows: Sequence[Row], notes: Sequence[str] = ()) -> str:
     out += [f"- {n.strip()}" for n in notes]
     out += ["", table(rows, "github"), ""]
     out.append("Speed-up is over the group's one-device row (throughput when the batch size is known); "
-               "efficiency is speed-up / devices, (!) over 100%. vs history: this launch's ln(step/reference) "
-               "against the recorded launches' (one-sided t prediction interval and the effect size).")
-    judged = [r for r in rows if r.verdict and r.verdict["status"] not in (Status.NEW.value,)]
+               "efficiency is speed-up / devices, (!) over 100%. Lane \"history\": this launch's "
+               "ln(step/reference) against the recorded launches' (one-sided t prediction interval and the "
+               "effect size); baseline is their median of medians. Lane \"vs REV\": the head against REV "
+               "measured beside it in interleaved pairs (--mgpu-against); change is head/base with its 99% "
+               "bootstrap interval; baseline is the base's median.")
+    judged = [r for r in rows if r.verdict and (r.lane == "revision" or r.verdict["status"] != Status.NEW.value)]
     if judged:
         out += ["", "### Verdicts", ""]
         for r in judged:
-            out.append(f"- `{r.key}` {messages.describe(r.measurement)}")
+            text = messages.revision_line(r.revision) if r.revision else messages.describe(r.measurement)
+            out.append(f"- `{r.key}` {text}")
     return "\n".join(out) + "\n"
 
 
 CSV_FIELDS = ["key", "test", "name", "group", "strategy", "params", "world_size", "device_type", "emulated",
               "batch_size", "median_s", "iqr_s", "n", "throughput", "speedup", "efficiency", "slowest_rank",
-              "skew", "peak_mem_bytes", "baseline_median_s", "ratio", "p_value", "verdict", "gate_mode",
-              "outcome", "fingerprint"]
+              "skew", "peak_mem_bytes", "lane", "baseline_median_s", "ratio", "ci_low", "ci_high", "p_value",
+              "verdict", "gate_mode", "against", "head", "outcome", "fingerprint"]
 
 
 def to_csv(rows: Sequence[Row]) -> str:
@@ -188,9 +263,13 @@ def to_csv(rows: Sequence[Row]) -> str:
     w.writeheader()
     for r in rows:
         d = asdict(r)
-        v = messages.verdict_of(r.measurement)
-        d.update(params=json.dumps(r.params, sort_keys=True), baseline_median_s=r.measurement.get("history_median_s"),
-                 ratio=v and v.ratio, p_value=v and v.p_value, verdict=v and v.status.value)
+        d.update(params=json.dumps(r.params, sort_keys=True), baseline_median_s=r.base_s)
+        if r.revision:
+            v = r.revision["verdict"]
+            d.update(ratio=v.get("ratio"), ci_low=v.get("low"), ci_high=v.get("high"), verdict=v["status"])
+        else:
+            hv = messages.verdict_of(r.measurement)
+            d.update(ratio=hv and hv.ratio, p_value=hv and hv.p_value, verdict=hv and hv.status.value)
         w.writerow({k: d.get(k) for k in CSV_FIELDS})
     return buf.getvalue()
 
@@ -203,7 +282,8 @@ def to_json(rows: Sequence[Row], measurements: Sequence[Tuple[str, str, dict]], 
         "format": REPORT_FORMAT,
         **(meta or {}),
         "notes": list(notes),
-        "rows": [{k: v for k, v in dict(asdict(r), label=r.label).items() if k != "measurement"} for r in rows],
+        "rows": [{k: v for k, v in dict(asdict(r), label=r.label, change=change_cell(r), verdict_text=verdict_cell(r)).items()
+                  if k != "measurement"} for r in rows],
         "measurements": [dict(d, test=test, outcome=outcome) for test, outcome, d in measurements],
     }
     return json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n"

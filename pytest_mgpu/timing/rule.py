@@ -125,6 +125,25 @@ def judge_history(x: Optional[float], history: Sequence[float], threshold: float
     return HistoryVerdict(status, x, n, threshold, alpha, center, sd, center + q * scale, p)
 
 
+def decide(x: Optional[float], history: Sequence[float], threshold: float = DEFAULT_THRESHOLD, unstable: str = "",
+           x_again: Optional[float] = None) -> HistoryVerdict:
+    """The history lane's verdict on one measurement: the ONE function that decides it, in pytest
+    (``TimingState.verdict``) and in ``python -m pytest_mgpu compare`` alike, so that the two never
+    disagree on the same data (issue 18: compare said "+9.1% same" where pytest said "+15.9% learning
+    1/5", and called a measurement that was unstable in both runs "faster").
+
+    An unstable measurement (``Measurement.unstable``: its samples do not describe one speed) is
+    never judged, so never slower or faster. ``x_again``: the x of the re-measurement a flagged launch
+    gets; the launch is slower only when both are flagged (``confirm``)."""
+    if unstable:
+        n = sum(1 for h in history if h is not None and math.isfinite(h))
+        return HistoryVerdict(Status.UNSTABLE, x, n, threshold)
+    verdict = judge_history(x, history, threshold)
+    if x_again is not None:
+        verdict = confirm(verdict, judge_history(x_again, history, threshold))
+    return verdict
+
+
 def confirm(first: HistoryVerdict, again: HistoryVerdict) -> HistoryVerdict:
     """The verdict after re-measuring a flagged launch: a regression only if both are flagged."""
     if not first.flagged:

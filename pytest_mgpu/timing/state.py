@@ -10,9 +10,10 @@ from typing import Callable, Dict, List, Literal, Optional, Tuple
 
 from ..settings import TimingSettings
 from . import rule
-from .baselines import BaselineStore, Launch, NewLaunch, utc_now
+from .baselines import STALE, BaselineStore, Launch, NewLaunch, utc_now
 from .fingerprint import Fingerprint
 from .measure import Measurement
+from .pairing import RevisionStatus
 from .stats import mann_whitney
 
 PROPERTY = "mgpu_timing"  # user property (JSON text): the test's measurements with verdicts
@@ -55,15 +56,13 @@ class TimingState:
         fp = self.fingerprint(m.task.device_type)
         if self.store.unreadable(fp):  # first: it concerns every measurement of this fingerprint
             return rule.HistoryVerdict(rule.Status.UNREADABLE, m.x, 0, thr), "", None
-        if m.unstable:
-            return rule.HistoryVerdict(rule.Status.UNSTABLE, m.x, 0, thr), "", None
         base = self.store.lookup(fp, m.task.key)
         history = base.entry.history(m.reference_hash) if base else []
-        v = rule.judge_history(m.x, history, thr)
+        v = rule.decide(m.x, history, thr, m.unstable)
         if v.flagged and m.remeasure is not None:
             again = m.remeasure()
             m.remeasured = again.remeasured
-            v = rule.confirm(v, rule.judge_history(again.x, history, thr))
+            v = rule.decide(m.x, history, thr, m.unstable, x_again=again.x)
         p = None
         if base is not None:
             p = mann_whitney(m.samples, base.entry.latest_samples_s).p_greater
@@ -95,10 +94,13 @@ class TimingState:
     @staticmethod
     def problems(judged: List[dict]) -> Tuple[List[str], List[str]]:
         """(failures, warnings): regression messages by gate mode, and warnings of short histories."""
-        from .messages import describe
+        from .messages import describe, revision_line
 
         fails, warns = [], []
         for d in judged:
+            r = d.get("revision")
+            if r and r["verdict"]["status"] == RevisionStatus.SLOWER.value:
+                (fails if d["gate_mode"] == "fail" else warns).append(f"{d['key']} {revision_line(r)}")
             v = rule.HistoryVerdict.from_dict(d["verdict"])
             if v.status == rule.Status.SLOWER:
                 (fails if d["gate_mode"] == "fail" else warns).append(f"{d['key']} {describe(d)}")
@@ -158,6 +160,8 @@ class TimingState:
             elif f is not None:
                 lines.append(f"  baseline {source}; the gate decides from {rule.MIN_HISTORY} launches, "
                              f"threshold +{self.options.threshold * 100:g}%, alpha {rule.ALPHA:g} per stage")
+            for stale in self.store.stale_for(fp):
+                lines.append(f"  {_rel(stale.path)} is stale: {STALE}")
         own = {str(self.store.path_for(fp)) for fp, _ in seen.values()}
         for path, problem in sorted(self.store.scan().items()):
             if path in own:

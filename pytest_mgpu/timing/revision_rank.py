@@ -1,0 +1,243 @@
+"""The rank side of the revision lane: set the step up, then take turns with the other side's ranks.
+
+Both sides (the head's ranks and the base's, ``timing.revision``) run ``duet_loop`` at the same time,
+one call each. After setting up and warming up, they take turns through a TCPStore the test process
+serves for this measurement: in turn t the side that owns it runs ``iterations`` timed steps (each
+after a barrier, as ``inrank`` does) while the other side waits in the store (its ranks idle in a
+blocking read), then hands turn t + 1 over. Turns 2p and 2p + 1 are pair p; which side goes first in
+a pair is drawn per pair from a seed both sides know. Why turns and not one call per batch: a warm
+call costs 8-40 ms at load 5-8 (more than a small step), and between two calls the machine's load
+moves; a hand-over through the store costs about a millisecond, so the head and base halves of a
+pair are measured back to back.
+
+The side that ends pair p past the budget (a deadline on the machine's monotonic clock, the same
+for every process) writes "stop" for the next turns of both sides. Only rank 0 of a side talks to
+the store; it tells its peers with an all-reduce, so every rank runs the same collectives.
+
+The user's function and arguments travel as a reference and pickled bytes and are resolved here,
+after the base's folders were put first on ``sys.path``: REV's modules, not the working tree's, are
+what the base ranks import. pytest-mgpu itself was imported before (this module is part of it), so
+it is the installed one on both sides. A function that cannot be imported on this side (its file or
+name does not exist at REV) is reported back as ``missing``, and the other side is told, so neither
+times anything: the benchmark is new in this change.
+"""
+from __future__ import annotations
+
+import importlib
+import math
+import pickle
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Dict, List, Optional, Tuple
+
+from ..launch.protocol import FnRef
+from .inrank import Clock, LoopConfig, warm_up
+
+
+
+def turn_owner(seed: int, t: int) -> str:
+    """The side that runs turn ``t``: pair t // 2 draws which side goes first."""
+    head_first = random.Random(seed * 1_000_003 + t // 2).random() < 0.5
+    first, second = ("head", "base") if head_first else ("base", "head")
+    return first if t % 2 == 0 else second
+
+
+@dataclass(frozen=True)
+class Turns:
+    """How the two sides take turns, and where they meet."""
+
+    host: str
+    port: int
+    prefix: str  # the keys of this measurement in the store
+    side: str  # "head" or "base"
+    seed: int  # which side goes first in each pair
+    budget_s: float  # timed turns end after this long (the last pair is completed)
+    turn_s: float  # a turn's iterations are sized to last about this long
+    wait_s: float  # how long a side waits for the other before giving up (the call's limit)
+    threshold: float = 0.10  # of the verdict: an undecided interval past the budget extends it
+    cap_s: float = 0.0  # ... up to this long in all (0: no extension)
+    max_pairs: int = 100_000
+
+    def owner(self, t: int) -> str:
+        return turn_owner(self.seed, t)
+
+    @property
+    def other(self) -> str:
+        return "base" if self.side == "head" else "head"
+
+
+@dataclass
+class DuetTiming:
+    """What one rank measured; crosses the process boundary."""
+
+    rank: int
+    turns: List[int] = field(default_factory=list)  # the turn indices this side ran
+    samples: List[List[float]] = field(default_factory=list)  # per turn: each iteration's time
+    iterations: int = 0
+    warmup_samples: List[float] = field(default_factory=list)
+    missing: str = ""  # this side cannot resolve the function (why); "other": the other side cannot
+
+
+def _put_first(path_first: Tuple[str, ...]) -> None:
+    if path_first:
+        sys.path[:0] = list(path_first)
+        importlib.invalidate_caches()
+
+
+def _store(turns: Turns):
+    import torch.distributed as tdist
+
+    client = tdist.TCPStore(turns.host, turns.port, is_master=False, timeout=timedelta(seconds=turns.wait_s))
+    return tdist.PrefixStore(turns.prefix, client)
+
+
+class _Referee:
+    """Rank 0's side of the store (the other ranks have none): hand-overs, the deadline, stop."""
+
+    def __init__(self, turns: Turns, rank: int):
+        self.turns = turns
+        self.store = _store(turns) if rank == 0 else None
+        self.deadline = self.start = math.inf
+        self.mine: Dict[int, float] = {}  # this side's turns: their slowest-rank medians
+        self.theirs: Dict[int, float] = {}  # the other side's, read from the store when needed
+
+    def meet(self, ready: str) -> bool:
+        """Say this side is ready (or "missing"); True when both sides are ready to time."""
+        if self.store is None:
+            return False
+        self.store.set(f"ready/{self.turns.side}", ready)
+        other = self.store.get(f"ready/{self.turns.other}").decode()
+        if ready == "ok" and other == "ok" and self.turns.owner(0) == self.turns.side:
+            self.store.set("deadline", repr(time.monotonic() + self.turns.budget_s))
+            self.store.set("go/0", "run")
+        return ready == "ok" and other == "ok"
+
+    def may_run(self, t: int) -> bool:
+        if self.store is None:
+            return False
+        if self.store.get(f"go/{t}").decode() != "run":
+            return False
+        if self.start == math.inf:  # the deadline was set when turn 0 began; an extension moves it
+            self.start = float(self.store.get("deadline").decode()) - self.turns.budget_s
+        self.deadline = float(self.store.get("deadline").decode())
+        return True
+
+    def hand_over(self, t: int, median: float) -> bool:
+        """After turn t (its slowest-rank median): the next turn may run, or both sides stop (True:
+        this side stops). Past the budget, a pair's end stops the duet, unless the interval so far
+        decides nothing (``pairing.judge_pairs`` says unstable) and the cap is not reached: then
+        more pairs are taken, and asked again after another quarter of the budget."""
+        if self.store is None:
+            return False
+        self.store.set(f"med/{t}", repr(median))
+        self.mine[t] = median
+        done = t % 2 == 1 and (self._decided() or (t + 1) // 2 >= self.turns.max_pairs)
+        self.store.set(f"go/{t + 1}", "stop" if done else "run")
+        if done:
+            self.store.set(f"go/{t + 2}", "stop")  # the other side's next turn is t + 1 or t + 2
+        return done
+
+    def _decided(self) -> bool:
+        now = time.monotonic()
+        if now < self.deadline:
+            return False
+        if now >= self.start + self.turns.cap_s:
+            return True
+        from .pairing import RevisionStatus, judge_pairs
+
+        head, base = [], []
+        for t in sorted(self.mine):
+            p = t // 2
+            other_t = 2 * p + 1 if t == 2 * p else 2 * p
+            if other_t not in self.theirs:
+                self.theirs[other_t] = float(self.store.get(f"med/{other_t}").decode())
+            mine, theirs = self.mine[t], self.theirs[other_t]
+            head.append(mine if self.turns.side == "head" else theirs)
+            base.append(theirs if self.turns.side == "head" else mine)
+        if judge_pairs(head, base, self.turns.threshold).status != RevisionStatus.UNSTABLE:
+            return True
+        self.deadline = now + self.turns.budget_s / 4
+        self.store.set("deadline", repr(self.deadline))
+        return False
+
+
+def _iterations(clock: Clock, step, turn_s: float, probes: int = 3) -> int:
+    """Iterations that fill a turn of ``turn_s``, from the wall time of a few, barriers included: for a
+    sub-millisecond step the barrier before each iteration (1-2 ms at load 5) is most of a turn."""
+    t0 = time.perf_counter()
+    for _ in range(probes):
+        clock.time(step)
+    wall = clock.agree_max((time.perf_counter() - t0) / probes)
+    return max(1, min(500, round(turn_s / max(wall, 1e-9))))
+
+
+def duet_loop(fn_ref: FnRef, payload: bytes, path_first: Tuple[str, ...], loop: LoopConfig,
+              turns: Turns) -> DuetTiming:
+    """Runs in every rank of one side: set up, warm up, then this side's turns until "stop"."""
+    from .._context import rank_context
+
+    ctx = rank_context()
+    _put_first(path_first)
+    referee = _Referee(turns, ctx.rank)
+    out = DuetTiming(ctx.rank)
+    try:
+        fn = fn_ref.resolve()
+    except (ImportError, AttributeError) as exc:
+        out.missing = f"{type(exc).__name__}: {exc}"
+        referee.meet("missing")
+        return out
+    args, kwargs = pickle.loads(payload)
+    made = fn(*args, **kwargs)
+    step = made if callable(made) else (lambda: fn(*args, **kwargs))
+    clock = Clock(ctx)
+    out.warmup_samples = warm_up(clock, step, loop)
+    out.iterations = int(clock.agree_max(float(_iterations(clock, step, turns.turn_s))))
+    if not clock.agree_max(1.0 if referee.meet("ok") else 0.0):
+        out.missing = out.missing or "other"
+        return out
+    t = 0
+    while True:
+        while turns.owner(t) != turns.side:
+            t += 1
+        if not clock.agree_max(1.0 if referee.may_run(t) else 0.0):
+            return out
+        out.samples.append([clock.time(step) for _ in range(out.iterations)])
+        out.turns.append(t)
+        median = statistics.median(clock.slowest(out.samples[-1]))
+        if clock.agree_max(1.0 if referee.hand_over(t, median) else 0.0):
+            return out
+        t += 1
+
+
+def pairs_of(head: List[DuetTiming], base: List[DuetTiming], seed: int) -> Tuple[List[Tuple[float, float]], List[bool],
+                                                                                List[float], List[float]]:
+    """(head, base) medians per complete pair, head-first per pair, and every iteration of each side
+    (each iteration's time is its slowest rank's)."""
+
+    def per_turn(timings: List[DuetTiming]):
+        turns = timings[0].turns
+        return {t: [max(col) for col in zip(*(tm.samples[i] for tm in timings))] for i, t in enumerate(turns)}
+
+    h, b = per_turn(head), per_turn(base)
+    pairs, head_first, hs, bs = [], [], [], []
+    for p in sorted({t // 2 for t in h} & {t // 2 for t in b}):
+        th, tb = (2 * p, 2 * p + 1) if turn_owner(seed, 2 * p) == "head" else (2 * p + 1, 2 * p)
+        if th in h and tb in b:
+            pairs.append((statistics.median(h[th]), statistics.median(b[tb])))
+            head_first.append(th < tb)
+            hs += h[th]
+            bs += b[tb]
+    return pairs, head_first, hs, bs
+
+
+def missing_of(timings: Optional[List[DuetTiming]]) -> str:
+    return next((t.missing for t in timings or [] if t.missing and t.missing != "other"), "")
+
+
+def warm_ranks() -> None:
+    """Nothing: called once on each side before the duet, so that both pools are started one after
+    the other, not from two threads at once."""

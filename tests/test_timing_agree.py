@@ -1,0 +1,132 @@
+"""Timing truths (issue 18.6): ``python -m pytest_mgpu compare`` and the in-pytest verdict are decided
+by one function on the same data, an unstable measurement is never faster or slower, and a baseline
+file of an older fingerprint is named as stale instead of ignored."""
+import json
+import math
+import random
+import subprocess
+import sys
+
+import pytest
+
+from pytest_mgpu.settings import TimingSettings
+from pytest_mgpu.timing import compare, rule
+from pytest_mgpu.timing.baselines import BaselineStore, Launch, NewLaunch
+from pytest_mgpu.timing.fingerprint import Fingerprint
+from pytest_mgpu.timing.measure import Measurement, TaskSpec
+from pytest_mgpu.timing.reference import REFERENCE_HASH
+from pytest_mgpu.timing.state import TimingState
+
+FP = Fingerprint("Test CPU", 2, "gloo", "2.14.1", None, True, "GenuineIntel 6/1/1", "AVX2")
+REF = 0.01  # reference median of every synthetic launch
+
+
+def _task(name):
+    return TaskSpec(name=name, label=f"t.py::test_{name}[gpu2]", fn="t:step", strategy="ddp", group=name,
+                    world_size=2, processes=2, backend="gloo", device_type="cpu", emulated=True)
+
+
+def _measurement(name, x, unstable="", again_x=None, seed=0):
+    rng = random.Random(seed)
+    med = REF * math.exp(x)
+    samples = sorted(med * (1 + rng.uniform(-0.02, 0.02)) for _ in range(9))
+    samples[4] = med  # the median is exactly REF * e^x
+    m = Measurement(_task(name), samples, [samples, samples], 2, reference_samples=[REF] * 9,
+                    reference_hash=REFERENCE_HASH, unstable=unstable)
+    if again_x is not None:
+        m.remeasure = lambda: _measurement(name, again_x, seed=seed + 1)
+    return m
+
+
+def _store(tmp_path, histories):
+    store = BaselineStore(tmp_path / "baselines")
+    for name, xs in histories.items():
+        key = _task(name).key
+        for x in xs:
+            med = REF * math.exp(x)
+            store.save(FP, {key: NewLaunch(Launch("t", med, med / 50, 9, None, "0.1.0", REF, REFERENCE_HASH, x),
+                                           [med] * 9, {"strategy": "ddp", "group": name, "world_size": 2})})
+    return store
+
+
+def _hist(n, seed, sd=0.02):
+    rng = random.Random(seed)
+    return [rng.gauss(0.0, sd) for _ in range(n)]
+
+
+CASES = {  # name: (history, x, unstable, x of the re-measurement)
+    "none": ([], 0.3, "", None),
+    "learning": (_hist(1, 1), math.log(1.159), "", None),
+    "learning4": (_hist(4, 2), math.log(0.7), "", None),
+    "same": (_hist(8, 3), 0.01, "", None),
+    "slower_confirmed": (_hist(8, 4), math.log(1.5), "", math.log(1.45)),
+    "slower_unconfirmed": (_hist(8, 5), math.log(1.5), "", 0.0),
+    "faster": (_hist(8, 6), math.log(0.6), "", None),
+    "unstable_slow": (_hist(8, 7), math.log(2.0), "IQR 80% of the median (limit 60%)", None),
+    "unstable_fast": (_hist(8, 8), math.log(0.5), "samples drifted from 1 ms to 3 ms within the run", None),
+}
+
+
+def test_compare_and_pytest_give_the_same_verdict_on_the_same_data(tmp_path):
+    """What pytest wrote in its JSON report, judged again by compare against the same baseline file,
+    gives the same status, change, history size and re-measurement: one function decides both."""
+    store = _store(tmp_path, {name: c[0] for name, c in CASES.items()})
+    path = store.path_for(FP)
+    state = TimingState(TimingSettings(baselines_dir=tmp_path / "baselines"), lambda device_type: FP)
+    judged = state.judge([_measurement(name, x, u, again, seed=i)
+                          for i, (name, (_, x, u, again)) in enumerate(CASES.items())])
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"format": "pytest-mgpu timing report 2", "rows": [], "measurements": judged}))
+    old, new = compare.load(path), compare.load(report)
+    seen = set()
+    for d in judged:
+        ours = rule.HistoryVerdict.from_dict(d["verdict"])
+        theirs = rule.HistoryVerdict.from_dict(compare.judge_pair(old, new, d["key"], 0.10)["verdict"])
+        assert theirs == ours, d["key"]
+        seen.add(ours.status)
+    assert seen == {rule.Status.NEW, rule.Status.LEARNING, rule.Status.SAME, rule.Status.SLOWER,
+                    rule.Status.UNCONFIRMED, rule.Status.FASTER, rule.Status.UNSTABLE}
+
+
+@pytest.mark.parametrize("x", [math.log(0.3), math.log(3.0)])
+def test_an_unstable_measurement_is_never_faster_or_slower(x):
+    v = rule.decide(x, _hist(20, 9), 0.10, unstable="IQR 90% of the median (limit 60%)", x_again=x)
+    assert v.status == rule.Status.UNSTABLE and not v.flagged
+
+
+def test_a_format_1_file_with_an_older_key_is_named_stale(tmp_path):
+    """The committed file of issue 13 (format 1, keyed "AMD EPYC" without the CPU's generation) was
+    silently ignored: every run said "no baseline". Now the run and ``python -m pytest_mgpu`` name it."""
+    old_fp = {"device": FP.device, "device_count": 2, "backend": "gloo", "torch": "2.14.1+cu130", "cuda": None,
+              "emulated": True}
+    d = tmp_path / "baselines"
+    d.mkdir()
+    stale = d / "cpu-test-cpu-2x-gloo-torch2.14.1-00000000.json"
+    stale.write_text(json.dumps({"format": "pytest-mgpu baselines 1", "key": "x", "fingerprint": old_fp,
+                                 "updated": "2026-11-22T12:13:21Z", "entries": {}}))
+    other = dict(old_fp, device="Another CPU")
+    (d / "cpu-another-2x.json").write_text(json.dumps({"format": "pytest-mgpu baselines 1", "key": "y",
+                                                        "fingerprint": other, "updated": "", "entries": {}}))
+    store = BaselineStore(d)
+    assert [f.path for f in store.stale_for(FP)] == [stale]
+    assert "is stale" in store.describe_match(FP) and stale.name in store.describe_match(FP)
+    state = TimingState(TimingSettings(baselines_dir=d), lambda device_type: FP)
+    state.collect("t.py::test_a", "passed", state.properties(state.judge([_measurement("a", 0.0)])))
+    notes = "\n".join(state.fingerprint_notes())
+    assert f"{stale.name} is stale" in notes and "cpu-another" not in notes, notes
+
+
+def test_the_committed_baseline_matches_this_machine():
+    """README's main command is judged by the committed file: its key must be the one this kind of
+    machine produces today (``python -m pytest_mgpu`` prints it), in the current format."""
+    out = subprocess.run([sys.executable, "-m", "pytest_mgpu", "--json"], capture_output=True, text=True, timeout=120)
+    key = json.loads(out.stdout)["fingerprints"]["emulated cpu"]["key"]
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parent.parent / "baselines"
+    files = sorted(p.name for p in folder.glob("*.json"))
+    if not key.startswith("cpu-amd-epyc-avx2-2x-"):
+        pytest.skip(f"the committed baselines are for the 2-core AMD EPYC CI machine; this one is {key}")
+    assert files == [f"{key}.json"], files
+    doc = json.loads((folder / files[0]).read_text())
+    assert doc["format"] == "pytest-mgpu baselines 2" and doc["entries"]

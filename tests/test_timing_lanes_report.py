@@ -1,0 +1,94 @@
+"""Both lanes rendered from one row type: the terminal table, Markdown, CSV, JSON, charts, and compare
+judging a revision row again from its pairs (synthetic measurements; no ranks)."""
+import csv
+import io
+import json
+import math
+import random
+import subprocess
+import sys
+
+import pytest
+
+from pytest_mgpu.timing import report
+from pytest_mgpu.timing.pairing import judge_pairs
+
+
+def _pairs(n, ratio, seed=0):
+    rng = random.Random(seed)
+    base = [0.010 * (1 + rng.uniform(-0.3, 0.3)) for _ in range(n)]
+    return [b * ratio * math.exp(rng.gauss(0, 0.02)) for b in base], base
+
+
+def _measurement(name, ratio, history_status="new", dirty="", rev="origin/main", world_size=2):
+    head, base = _pairs(30, ratio, seed=len(name))
+    v = judge_pairs(head, base, 0.10)
+    return {
+        "key": f"t.py::test_{name}::{name}", "median_s": 0.011, "iqr_s": 0.001, "samples_s": [0.011] * 9,
+        "rank_samples_s": [[0.011] * 9] * world_size, "slowest_rank": 0, "skew": 0.0, "x": 0.1,
+        "reference_hash": "h", "gate_mode": "fail", "fingerprint_key": "fp", "history_median_s": None,
+        "verdict": {"status": history_status, "x": 0.1, "n_history": 0},
+        "task": {"name": name, "strategy": "ddp", "group": f"{name}-group-with-a-long-name", "params": {},
+                 "world_size": world_size, "device_type": "cpu", "emulated": True, "batch_size": 32},
+        "revision": {"rev": rev, "commit": "1a2b3c4d" * 5, "short": "1a2b3c4", "dirty": dirty,
+                     "verdict": v.to_dict(), "head_median_s": sorted(head)[15], "base_median_s": sorted(base)[15],
+                     "pairs_head": head, "pairs_base": base, "head_first": [True] * 30, "iterations": 3,
+                     "budget_s": 4.0, "wall_s": 4.2},
+    }
+
+
+MEASURED = [("t.py::test_a", "passed", _measurement("a", 1.3, dirty="2 uncommitted change(s)")),
+            ("t.py::test_b", "passed", _measurement("b", 1.0, history_status="same")),
+            ("t.py::test_c", "passed", _measurement("c", 0.7, rev="a-very-long-branch-name/with/parts"))]
+
+
+def test_one_row_type_both_lanes():
+    rows = report.build_rows(MEASURED)
+    lanes = [(r.name, r.lane) for r in rows]
+    # a history verdict of "new" has nothing to say beside the revision lane; "same" does
+    assert lanes == [("a", "revision"), ("b", "history"), ("b", "revision"), ("c", "revision")]
+    a = rows[0]
+    assert a.against == "origin/main@1a2b3c4" and "2 uncommitted change(s)" in a.head
+    assert a.base_s < a.median_s and report.change_cell(a).startswith("+") and "[" in report.change_cell(a)
+    assert report.verdict_cell(a) == "SLOWER (failed)" and report.verdict_cell(rows[3]) == "faster"
+    table = report.terminal_table(rows)
+    assert max(len(line) for line in table.splitlines()) <= report.TERMINAL_WIDTH
+    assert "vs origin/main@1a2b3c4 +dirty" in table and "history" in table
+    assert "@1a2b3c4" in table.splitlines()[-1]  # a long REV is clipped, its commit kept
+
+
+def test_markdown_csv_and_json_carry_the_lane(tmp_path):
+    rows = report.build_rows(MEASURED)
+    md = report.markdown(rows)
+    assert "| lane" in md and "vs origin/main@1a2b3c4 +dirty" in md
+    assert "against origin/main (1a2b3c4): base" in md and "99% bootstrap interval" in md
+    got = list(csv.DictReader(io.StringIO(report.to_csv(rows))))
+    a = got[0]
+    assert a["lane"] == "revision" and a["against"] == "origin/main@1a2b3c4" and a["verdict"] == "slower"
+    assert float(a["ci_low"]) > 1.1 and float(a["ratio"]) == pytest.approx(1.3, rel=0.05)
+    assert got[1]["lane"] == "history" and got[1]["verdict"] == "same"
+    doc = json.loads(report.to_json(rows, MEASURED, []))
+    assert doc["rows"][0]["lane"] == "revision" and doc["rows"][0]["change"].startswith("+")
+    assert doc["measurements"][0]["revision"]["pairs_head"]
+
+
+def test_charts_of_a_revision_lane(tmp_path):
+    pytest.importorskip("matplotlib")
+    from pytest_mgpu.timing import plots
+
+    files = plots.draw(report.build_rows(MEASURED), tmp_path)
+    names = sorted(p.name for p in files)
+    assert any("vs-origin-main-1a2b3c4" in n for n in names), names
+    assert all(p.stat().st_size > 0 for p in files)
+
+
+def test_compare_judges_a_revision_row_again_from_its_pairs(tmp_path):
+    """compare re-decides the lane from the stored pairs, with its own threshold, by the same function."""
+    doc = {"format": report.REPORT_FORMAT, "rows": [], "measurements": [d for _, _, d in MEASURED]}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(doc))
+    run = [sys.executable, "-m", "pytest_mgpu", "compare", str(path), str(path)]
+    r = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "SLOWER: t.py::test_a::a (against origin/main)" in r.stdout, r.stdout
+    r = subprocess.run(run + ["--regression", "40"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "SLOWER" not in r.stdout, r.stdout

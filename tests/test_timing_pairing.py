@@ -1,0 +1,81 @@
+"""The revision lane's verdict on synthetic pairs: the interval, the threshold, the "unstable" bound."""
+import math
+import random
+
+import pytest
+
+from pytest_mgpu.timing import pairing
+from pytest_mgpu.timing.pairing import RevisionStatus, band_width, judge_pairs
+
+
+def _pairs(n, ratio, sd, seed=0, base=0.010, drift=0.5):
+    """n pairs whose head/base log ratio is ln(ratio) + N(0, sd); the machine's speed drifts by up
+    to 1 +/- drift between pairs (it must cancel: both batches of a pair see the same machine)."""
+    rng = random.Random(seed)
+    head, bases = [], []
+    for _ in range(n):
+        machine = base * (1 + rng.uniform(-drift, drift))
+        bases.append(machine)
+        head.append(machine * ratio * math.exp(rng.gauss(0.0, sd)))
+    return head, bases
+
+
+@pytest.mark.parametrize("ratio,status", [(1.3, RevisionStatus.SLOWER), (0.7, RevisionStatus.FASTER),
+                                          (1.0, RevisionStatus.SAME), (1.05, RevisionStatus.SAME)])
+def test_clear_pairs_are_judged_by_where_the_interval_lies(ratio, status):
+    v = judge_pairs(*_pairs(30, ratio, 0.03), threshold=0.10)
+    assert v.status == status, v
+    assert v.low <= v.ratio <= v.high and v.low < ratio * 1.05 and v.high > ratio / 1.05
+    assert v.pairs == 30 and v.level == pairing.LEVEL
+
+
+def test_the_machine_drift_between_pairs_cancels():
+    """Base batches spread over 0.5x-1.5x (a loaded machine between pairs): the ratio still holds."""
+    v = judge_pairs(*_pairs(30, 1.25, 0.03, drift=0.5), threshold=0.10)
+    assert v.status == RevisionStatus.SLOWER and v.ratio == pytest.approx(1.25, rel=0.05)
+
+
+def test_an_interval_wider_than_the_same_band_is_unstable_unless_it_decides():
+    """Pairs that disagree (sd 0.4 in log space) cannot tell +10% from -10%: unstable, never same,
+    slower or faster; but an interval wholly above +10% decides whatever its width."""
+    v = judge_pairs(*_pairs(20, 1.0, 0.4, seed=3), threshold=0.10)
+    assert v.status == RevisionStatus.UNSTABLE, v
+    assert math.log(v.high) - math.log(v.low) > band_width(0.10) and v.low < 1.1 < v.high
+    assert "wider than the same-band" in v.note
+    v = judge_pairs(*_pairs(20, 3.5, 0.3, seed=3), threshold=0.10)
+    assert v.status == RevisionStatus.SLOWER and math.log(v.high) - math.log(v.low) > band_width(0.10), v
+
+
+def test_too_few_pairs_are_unstable_and_say_how_to_get_more():
+    v = judge_pairs(*_pairs(pairing.MIN_PAIRS - 1, 2.0, 0.01), threshold=0.10)
+    assert v.status == RevisionStatus.UNSTABLE and v.low is None
+    assert f"only {pairing.MIN_PAIRS - 1} pair(s)" in v.note and "min_run_time" in v.note
+
+
+def test_the_bound_is_the_same_band_and_follows_the_threshold():
+    assert band_width(0.10) == pytest.approx(math.log(1.1) - math.log(0.9))
+    pairs = _pairs(30, 1.0, 0.12, seed=5)
+    loose, strict = judge_pairs(*pairs, threshold=0.30), judge_pairs(*pairs, threshold=0.05)
+    assert loose.status == RevisionStatus.SAME and strict.status == RevisionStatus.UNSTABLE
+
+
+def test_the_same_pairs_give_the_same_verdict_everywhere():
+    """The bootstrap is seeded by the data: pytest and compare, judging the same pairs, agree."""
+    pairs = _pairs(25, 1.12, 0.05, seed=7)
+    assert judge_pairs(*pairs, 0.10) == judge_pairs(*pairs, 0.10)
+    v = judge_pairs(*pairs, 0.10)
+    assert pairing.RevisionVerdict.from_dict(v.to_dict()) == v
+
+
+def test_trimmed_mean_ignores_preempted_batches():
+    """A loaded machine preempts a few batches (x3): they must not move the ratio."""
+    head, base = _pairs(30, 1.0, 0.02, seed=11)
+    for i in (2, 9, 17):
+        head[i] *= 3.0
+    v = judge_pairs(head, base, 0.10)
+    assert v.status == RevisionStatus.SAME and v.ratio == pytest.approx(1.0, abs=0.03)
+
+
+def test_unequal_pairs_are_refused():
+    with pytest.raises(ValueError, match="as many head as base"):
+        judge_pairs([1.0, 2.0], [1.0], 0.10)

@@ -1,0 +1,214 @@
+"""The revision lane (--mgpu-against=REV) in real pytest sessions over real git repositories made in
+the test's folder: the row, "new" benchmarks, a dirty tree, errors that say what to do, and no
+worktree left behind, also after Ctrl-C or a killed session. Wall times are never asserted: a slowed
+revision is "SLOWER" or, on a machine too loaded to tell, "unstable" (never "same" or "faster")."""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from pytest_mgpu.timing import worktree
+
+WORK = '''
+import os, torch, pytest_mgpu
+N = {n}
+
+def step_factory(n, record=None):
+    x = torch.randn(n, n)
+    if record:
+        with open(os.path.join(record, f"{{os.getpid()}}-{{N}}"), "w") as f:
+            f.write(__file__ + "\\n" + pytest_mgpu.__file__)
+    def step():
+        for _ in range(N):
+            x @ x
+    return step
+'''
+NEW_STEP = '''
+def new_step(n):
+    x = torch.randn(n, n)
+    return lambda: x @ x
+'''
+TESTS = '''
+import os, pytest
+import work
+
+RECORD = {record!r}
+
+@pytest.mark.gpu2
+def test_mm(dist):
+    m = dist.benchmark(work.step_factory, 128, RECORD, min_run_time=1.0)
+    print(m.format())
+'''
+NEW_TESTS = '''
+@pytest.mark.gpu1
+def test_new_function(dist):
+    dist.benchmark(work.new_step, 32, min_run_time=0.05)
+
+@pytest.mark.gpu1
+def test_new_file(dist):
+    import work2
+    dist.benchmark(work2.fresh_step, 32, min_run_time=0.05)
+'''
+
+
+def git(repo, *args):
+    out = subprocess.run(["git", *args], cwd=str(repo), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def worktrees(repo):
+    return [line.split(" ", 1)[1] for line in git(repo, "worktree", "list", "--porcelain").splitlines()
+            if line.startswith("worktree ")]
+
+
+@pytest.fixture
+def repo(pytester, tmp_path):
+    """pytester's folder as a git repository: the base commit (N = 1), then a working tree with
+    uncommitted changes (N = 6, a new function, a new file). Whatever a failing test leaves, the
+    teardown removes."""
+    record = tmp_path / "record"
+    record.mkdir()
+    r = pytester.path
+    git(r, "init", "-q")
+    git(r, "config", "user.email", "t@t")
+    git(r, "config", "user.name", "t")
+    (r / "work.py").write_text(WORK.format(n=1))
+    (r / "test_perf.py").write_text(TESTS.format(record=str(record)))
+    git(r, "add", "work.py", "test_perf.py")
+    git(r, "commit", "-qm", "base")
+    yield r, record
+    for path in worktrees(r)[1:]:
+        subprocess.run(["git", "worktree", "remove", "--force", path], cwd=str(r), timeout=60)
+
+
+def _change(r):
+    (r / "work.py").write_text(WORK.format(n=6) + NEW_STEP)
+    (r / "work2.py").write_text("import torch\n\ndef fresh_step(n):\n    x = torch.randn(n, n)\n    return lambda: x @ x\n")
+    with open(r / "test_perf.py", "a") as f:
+        f.write(NEW_TESTS)
+
+
+def test_the_lane_row_new_benchmarks_a_dirty_tree_and_no_worktree_left(pytester, repo):
+    r, record = repo
+    _change(r)
+    base = git(r, "rev-parse", "--short", "HEAD")
+    result = pytester.runpytest("--mgpu-fallback=cpu", "--mgpu-against=HEAD", "--mgpu-report=out.json", "-s")
+    out = result.stdout.str()
+    doc = json.loads((r / "out.json").read_text())
+    rows = {row["name"]: row for row in doc["rows"]}
+    mm = rows["step_factory"]
+    assert mm["lane"] == "revision" and mm["against"] == f"HEAD@{base}"
+    assert mm["base_s"] > 0 and mm["median_s"] > 0 and "3 uncommitted change(s)" in mm["head"]
+    assert mm["verdict"]["status"] in ("slower", "unstable"), mm["verdict"]  # 6x the work: never same
+    if mm["verdict"]["status"] == "slower":
+        assert mm["verdict"]["low"] > 1.10
+        result.stdout.fnmatch_lines(["*timing regression:*", "*test_mm::step_factory against HEAD (*): base *, head * "
+                                     "(the working tree with 3 uncommitted change(s)); head/base x*"])
+        result.assert_outcomes(passed=2, failed=1)
+    else:
+        result.assert_outcomes(passed=3)
+    assert rows["new_step"]["verdict"]["status"] == "new" and "cannot be imported at HEAD@" in out
+    assert rows["fresh_step"]["verdict"]["status"] == "new"
+    assert f"new in this change: work2.py does not exist at HEAD@{base}" in out
+    result.stdout.fnmatch_lines(["*revision lane: vs HEAD (*); head: the working tree with 3 uncommitted change(s)*",
+                                 "*group*strategy*W*median*baseline*change*lane*verdict*",
+                                 f"*test_mm*step_fact*2*vs HEAD@{base} +dirty*"])
+    table = out.split("pytest-mgpu timing", 1)[1]
+    assert max(len(line) for line in table.splitlines() if "vs HEAD@" in line and "::" not in line) <= 120
+    # each side imported its own work.py, and the same pytest-mgpu
+    sides = {}
+    for name in os.listdir(record):
+        module, plugin = (record / name).read_text().splitlines()
+        sides.setdefault(name.rsplit("-", 1)[1], set()).add((module, plugin))
+    base_side, head_side = sides["1"], sides["6"]
+    assert all(os.path.basename(os.path.dirname(m)).startswith(worktree.PREFIX) for m, _ in base_side)
+    assert {m for m, _ in head_side} == {str(r / "work.py")}
+    assert {p for _, p in base_side} == {p for _, p in head_side} == {pytest.importorskip("pytest_mgpu").__file__}
+    assert worktrees(r) == [str(r)]
+    tree = os.path.dirname(next(iter(base_side))[0])
+    assert not os.path.exists(tree) and not [p for p in os.listdir(os.path.dirname(tree))
+                                             if p.startswith(f"{worktree.PREFIX}{os.getpid()}-")]
+
+
+def test_not_a_repository_and_an_unknown_rev_stop_the_run_saying_what_to_do(pytester, monkeypatch):
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    result = pytester.runpytest("--mgpu-against=origin/main")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--mgpu-against=origin/main: * is not in a git repository*Run from a git clone*"])
+    git(pytester.path, "init", "-q")
+    git(pytester.path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "--allow-empty", "-m", "x")
+    monkeypatch.setenv("PYTEST_MGPU_AGAINST", "origin/mian")  # the environment variable, this time
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--mgpu-against=origin/mian: no such revision in *; fetch it first*"])
+
+
+def _wait_for_base(path, proc, timeout=240.0):
+    """Until a base rank (N = 1) has set its step up: the lane is running."""
+    end = time.monotonic() + timeout
+    while not [n for n in os.listdir(path) if n.endswith("-1")]:
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < end, "the base ranks never set their step up"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_an_interrupted_session_leaves_no_worktree(subpytest, repo, sig):
+    """Ctrl-C while the lane runs: the session removes its worktree. SIGKILL: it cannot, and the next
+    session in the repository removes it at its start."""
+    r, record = repo
+    (r / "work.py").write_text(WORK.format(n=2))  # the base (N=1) writes the record when set up
+    p = subpytest.popen("--mgpu-fallback=cpu", "--mgpu-against=HEAD", "test_perf.py")
+    try:
+        _wait_for_base(record, p)
+        assert len(worktrees(r)) == 2
+        os.killpg(p.pid, sig)
+        p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+    if sig == signal.SIGKILL:
+        assert len(worktrees(r)) == 2  # what a killed session leaves
+        code, out = subpytest.run("--co", "-q", "--mgpu-against=HEAD", "test_perf.py")
+        assert code == 0, out
+    assert worktrees(r) == [str(r)]
+    assert subpytest.leftovers() == []
+
+
+def test_the_against_option_from_command_line_environment_or_ini(monkeypatch):
+    """--mgpu-against beats PYTEST_MGPU_AGAINST beats ini mgpu_against; none: the lane is off."""
+    from pathlib import Path
+
+    from pytest_mgpu.settings import resolve_timing
+
+    def reader(values):
+        return lambda name: values.get(name)
+
+    root = Path("/root")
+    monkeypatch.delenv("PYTEST_MGPU_AGAINST", raising=False)
+    assert resolve_timing(reader({}), reader({}), root).against is None
+    assert resolve_timing(reader({}), reader({"mgpu_against": "main"}), root).against == "main"
+    monkeypatch.setenv("PYTEST_MGPU_AGAINST", "origin/main")
+    assert resolve_timing(reader({}), reader({"mgpu_against": "main"}), root).against == "origin/main"
+    assert resolve_timing(reader({"mgpu_against": "HEAD~1"}), reader({"mgpu_against": "main"}), root).against == "HEAD~1"
+    monkeypatch.setenv("PYTEST_MGPU_AGAINST", "")  # empty: not given
+    assert resolve_timing(reader({}), reader({}), root).against is None
+
+
+def test_a_base_whose_code_raises_is_reported_not_failed(pytester, repo):
+    """REV's step raises: the row says "base failed" with REV's error, and the change's test passes."""
+    r, _ = repo
+    (r / "work.py").write_text(WORK.format(n=1).replace("    x = torch.randn(n, n)\n",
+                                                        "    x = torch.randn(n, n)\n    raise ValueError('REV is broken')\n", 1))
+    git(r, "commit", "-qam", "a broken base")
+    (r / "work.py").write_text(WORK.format(n=1))
+    result = pytester.runpytest("--mgpu-fallback=cpu", "--mgpu-against=HEAD", "test_perf.py")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*test_mm*vs HEAD@* +dirty*base failed*",
+                                 "*test_mm::step_factory vs HEAD@*: base failed: HEAD@*'s code failed: *"])
+    assert worktrees(r) == [str(r)]
