@@ -46,6 +46,19 @@ def test_an_interval_wider_than_the_same_band_is_unstable_unless_it_decides():
     assert v.status == RevisionStatus.SLOWER and math.log(v.high) - math.log(v.low) > band_width(0.10), v
 
 
+def test_a_same_across_the_edge_is_unsettled_and_more_pairs_settle_it():
+    """A +20% change measured in few noisy pairs: "same" with 1.10 inside its interval, so the lane
+    takes more pairs; with them the interval clears the edge. An unchanged revision is settled at once."""
+    head, base = _pairs(120, 1.20, 0.12, seed=11)
+    few = judge_pairs(head[:12], base[:12], threshold=0.10)
+    assert few.status == RevisionStatus.SAME and few.low < 1.10 < few.high and not few.settled, few
+    more = judge_pairs(head, base, threshold=0.10)
+    assert more.status == RevisionStatus.SLOWER and more.settled, more
+    same = judge_pairs(*_pairs(12, 1.0, 0.03, seed=11), threshold=0.10)
+    assert same.status == RevisionStatus.SAME and same.settled, same
+    assert not judge_pairs(*_pairs(20, 1.0, 0.4, seed=3), threshold=0.10).settled  # unstable
+
+
 def test_too_few_pairs_are_unstable_and_say_how_to_get_more():
     v = judge_pairs(*_pairs(pairing.MIN_PAIRS - 1, 2.0, 0.01), threshold=0.10)
     assert v.status == RevisionStatus.UNSTABLE and v.low is None

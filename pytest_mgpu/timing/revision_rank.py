@@ -129,8 +129,9 @@ class _Referee:
     def hand_over(self, t: int, median: float) -> bool:
         """After turn t (its slowest-rank median): the next turn may run, or both sides stop (True:
         this side stops). Past the budget, a pair's end stops the duet, unless the interval so far
-        decides nothing (``pairing.judge_pairs`` says unstable) and the cap is not reached: then
-        more pairs are taken, and asked again after another quarter of the budget."""
+        is not settled (``RevisionVerdict.settled``: unstable, or "same" across an edge of the band)
+        and the cap is not reached: then more pairs are taken, and asked again after another quarter
+        of the budget."""
         if self.store is None:
             return False
         self.store.set(f"med/{t}", repr(median))
@@ -147,7 +148,7 @@ class _Referee:
             return False
         if now >= self.start + self.turns.cap_s:
             return True
-        from .pairing import RevisionStatus, judge_pairs
+        from .pairing import judge_pairs
 
         head, base = [], []
         for t in sorted(self.mine):
@@ -158,7 +159,7 @@ class _Referee:
             mine, theirs = self.mine[t], self.theirs[other_t]
             head.append(mine if self.turns.side == "head" else theirs)
             base.append(theirs if self.turns.side == "head" else mine)
-        if judge_pairs(head, base, self.turns.threshold).status != RevisionStatus.UNSTABLE:
+        if judge_pairs(head, base, self.turns.threshold).settled:
             return True
         self.deadline = now + self.turns.budget_s / 4
         self.store.set("deadline", repr(self.deadline))
