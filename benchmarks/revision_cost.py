@@ -57,7 +57,8 @@ def main(argv=None) -> int:
     print(f"\nwithout the lane: median {statistics.median(plain):.1f} s; with it: median {statistics.median(lane):.1f} s; "
           f"ratio {statistics.median(lane) / statistics.median(plain):.2f}x ({len(plain)} + {len(lane)} runs)")
     last = next(x for x in reversed(runs) if x["against"])
-    table = last["stdout"].split("pytest-mgpu timing", 1)[-1].split("=====", 1)[0]
+    after = last["stdout"].split("pytest-mgpu timing", 1)[-1]
+    table = after.split("\n", 1)[-1].split("=====", 1)[0]  # from the line after the header to the next one
     print("\nthe last lane run's timing section:" + table)
     with open(os.path.join(folder, "lane.json")) as f:
         doc = json.load(f)

@@ -92,3 +92,12 @@ def test_trimmed_mean_ignores_preempted_batches():
 def test_unequal_pairs_are_refused():
     with pytest.raises(ValueError, match="as many head as base"):
         judge_pairs([1.0, 2.0], [1.0], 0.10)
+
+
+def test_the_lane_budget_holds_enough_pairs_of_a_slow_step():
+    from pytest_mgpu.timing.revision import BUDGET_FACTOR, PAIRS_GOAL, lane_budget
+
+    assert lane_budget(0.4, 0.01) == BUDGET_FACTOR * 0.4  # a fast step: min_run_time decides
+    assert lane_budget(0.4, None) == BUDGET_FACTOR * 0.4  # no history measurement to size it by
+    slow = lane_budget(0.4, 0.5)
+    assert slow >= PAIRS_GOAL * 2 * 0.5 > BUDGET_FACTOR * 0.4

@@ -290,7 +290,8 @@ def benchmark(
     m.remeasure = functools.partial(_remeasure, task, run, m.remeasured)
     lane = getattr(dist, "against", None)  # --mgpu-against: set on the test's dist by timing.plugin
     if lane is not None:
-        m.revision = lane.measure(dist, ref, payload, loop, single_process, timeout)
+        m.revision = lane.measure(dist, ref, payload, loop, single_process, timeout,
+                                  step_s=statistics.median(m.samples) if m.samples else None)
     if recorded is not None:
         recorded.append(m)
     return m

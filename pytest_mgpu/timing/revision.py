@@ -11,8 +11,8 @@ test's own ranks, so both sides start alike. The base ranks get REV's folders fi
 (``worktree.Checkout.path_first``) and the function's file at REV; pytest-mgpu itself is the
 installed one on both sides. Both sides are called at once (one call each, ``revision_rank.duet_loop``):
 each sets the step up and warms it up, then they take turns through a TCPStore of the lane, in
-pairs whose order is drawn at random, until the budget (BUDGET_FACTOR x the benchmark's
-``min_run_time``) is spent; an interval that is still undecided then ("unstable": a noisy machine)
+pairs whose order is drawn at random, until the budget is spent (BUDGET_FACTOR x the benchmark's
+``min_run_time``, and at least what PAIRS_GOAL pairs of the step take: ``lane_budget``); an interval that is still undecided then ("unstable": a noisy machine)
 gets more pairs, up to CAP_FACTOR x the budget, so that a loaded runner answers more often instead
 of saying "unstable" (the extension looks at the interval's width and place, not at the ratio alone,
 and the pairs before it count: at most two looks at the data). A turn runs as many iterations as
@@ -46,6 +46,18 @@ from .worktree import Checkout, Worktrees
 BUDGET_FACTOR = 4.0  # lane seconds (both sides) per second of min_run_time: 2x a side's usual time
 TURN_S = 0.02  # a turn's iterations last about this long: one iteration of any step over 20 ms
 CAP_FACTOR = 3.0  # an interval still undecided at the budget's end may take up to 3x the budget
+PAIRS_GOAL = 12  # the budget holds at least this many pairs of the step (MIN_PAIRS is 10)
+PAIR_OVERHEAD = 1.25  # a turn's barrier, hand-over and timing on top of its iteration
+
+
+def lane_budget(min_run_time: float, step_s: Optional[float]) -> float:
+    """Seconds of turns for one measurement: BUDGET_FACTOR x ``min_run_time``, and at least the time
+    of PAIRS_GOAL pairs of a step of ``step_s`` (the history lane's median of the same benchmark).
+    Why: measured on the CPU timing suites (steps of 0.13-0.63 s, min_run_time 0.4 s), a budget of
+    1.6 s (4.8 s with the extension) held 5-8 pairs for most rows, fewer than MIN_PAIRS, so 5 of 6
+    rows were "unstable", whatever the change. A slow step needs the time its pairs take."""
+    floor = PAIRS_GOAL * 2 * step_s * PAIR_OVERHEAD if step_s and step_s > 0 else 0.0
+    return max(BUDGET_FACTOR * min_run_time, floor)
 
 
 @dataclass
@@ -233,9 +245,9 @@ class RevisionLane:
         return BoundLane(self, str(test_file))
 
     def measure(self, dist, test_file: str, ref: FnRef, payload: bytes, loop: LoopConfig, single_process: bool,
-                timeout: Optional[float]) -> RevisionResult:
+                timeout: Optional[float], step_s: Optional[float] = None) -> RevisionResult:
         checkout = self.worktrees.checkout(test_file)
-        budget = BUDGET_FACTOR * loop.min_run_time
+        budget = lane_budget(loop.min_run_time, step_s)
         result = RevisionResult(checkout.rev, checkout.commit, checkout.short, checkout.dirty,
                                 RevisionVerdict(RevisionStatus.NEW, threshold=self.threshold), budget_s=budget)
         base_file = checkout.base_path(ref.file)
@@ -285,5 +297,5 @@ class BoundLane:
     test_file: str
 
     def measure(self, dist, ref: FnRef, payload: bytes, loop: LoopConfig, single_process: bool,
-                timeout: Optional[float]) -> RevisionResult:
-        return self.lane.measure(dist, self.test_file, ref, payload, loop, single_process, timeout)
+                timeout: Optional[float], step_s: Optional[float] = None) -> RevisionResult:
+        return self.lane.measure(dist, self.test_file, ref, payload, loop, single_process, timeout, step_s)
