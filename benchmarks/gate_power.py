@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -126,6 +127,18 @@ def burners(n: int):
             p.wait()
 
 
+def _take(phase: dict, kind: str, c: float, r: int, take) -> Optional[float]:
+    """One launch or duet into the phase; returns the step's median (the lane's budget is sized by it)."""
+    try:
+        got = dict(take(), round=r)
+    except Exception as exc:  # a launch the loaded machine broke: counted, not judged
+        phase.setdefault("errors", []).append(f"{kind} +{c:.0%}: {type(exc).__name__}: {exc}"[:300])
+        print(f"  ({kind} +{c:.0%} failed: {type(exc).__name__}: {str(exc)[:120]})", flush=True)
+        return None
+    phase[kind].append(got)
+    return got["first"]["median"] if kind == "launches" else None
+
+
 def _phase(me, plan, bench, n_burners: int, budget_s: float, args, save, phases: list) -> dict:
     import random
 
@@ -138,14 +151,13 @@ def _phase(me, plan, bench, n_burners: int, budget_s: float, args, save, phases:
         r, last = 0, 0.0
         while r < args.rounds and time.perf_counter() - t0 + last < budget_s:
             t_round = time.perf_counter()
+            bench.new_sets()  # new sets of ranks every round: their own speed varies as between CI jobs
             for c in rng.sample(conditions, len(conditions)):
-                for kind, take in (("launches", lambda: _history_launch(me, plan, c, args.min_run_time)),
-                                   ("duets", lambda: bench.duet(c, rng))):
-                    try:
-                        phase[kind].append(dict(take(), round=r))
-                    except Exception as exc:  # a launch the loaded machine broke: counted, not judged
-                        phase.setdefault("errors", []).append(f"{kind} +{c:.0%}: {type(exc).__name__}: {exc}"[:300])
-                        print(f"  ({kind} +{c:.0%} failed: {type(exc).__name__}: {str(exc)[:120]})", flush=True)
+                step_s = None
+                if "history" in args.lanes:
+                    step_s = _take(phase, "launches", c, r, lambda: _history_launch(me, plan, c, args.min_run_time))
+                if "revision" in args.lanes:
+                    _take(phase, "duets", c, r, lambda: bench.duet(c, rng, step_s))
             last, r = time.perf_counter() - t_round, r + 1
             phase["wall_s"], phase["load_after"] = time.perf_counter() - t0, os.getloadavg()[0]
             save()
@@ -170,7 +182,7 @@ def collect(args) -> dict:
         with open(args.out, "w") as f:  # after every round: a cut run can still be analysed
             json.dump(data, f)
 
-    bench = RevisionBench(SLOWDOWNS, args.lane_budget_s)
+    bench = RevisionBench(SLOWDOWNS, args.lane_budget_s, min_run_time=args.min_run_time)
     try:
         for n in args.loads:
             _phase(me, plan, bench, n, args.budget_s / len(args.loads), args, save, data["phases"])
@@ -257,7 +269,8 @@ def revision_summary(phase: dict, threshold: float = 0.10) -> dict:
 
     by = {}
     for d in phase["duets"]:
-        by.setdefault(d["slowdown"], []).append((d, judge_pairs(d["pairs_head"], d["pairs_base"], threshold)))
+        v = judge_pairs(d["pairs_head"], d["pairs_base"], threshold, d.get("pairs_block"))
+        by.setdefault(d["slowdown"], []).append((d, v))
 
     def share(c, status):
         got = by.get(c, [])
@@ -284,15 +297,17 @@ def analyse(data: dict, history: int) -> None:
         name = f"{ph['burners']} burners, load {ph.get('load_before', float('nan')):.1f}-{ph.get('load_after', float('nan')):.1f}"
         print(f"\n=== phase: {name}, {ph.get('wall_s', 0):.0f} s"
               + (f"; {len(ph['errors'])} launch(es) failed: {ph['errors'][0]}" if ph.get("errors") else ""))
-        describe(ph, data)
-        for rule_name, fa, powers in history_rules(ph, history):
+        for rule_name, fa, powers in (describe(ph, data) or history_rules(ph, history)) if ph["launches"] else ():
             print(f"  {rule_name}: false alarms {fa * 100:.1f}%, power " + ", ".join(f"{p * 100:.0f}%" for p in powers))
             if rule_name.endswith("(the history lane)"):
                 rows.append(("history: x vs history, re-measured", name, fa, powers, None,
                              sum(d["slowdown"] == 0.0 for d in ph["launches"])))
         if ph["duets"]:
             rev = revision_summary(ph)
-            print(f"revision lane (budget {data.get('lane_budget_s')} s per trial):")
+            budgets = [d.get("budget_s") or data.get("lane_budget_s") or 0 for d in ph["duets"]]
+            walls = [d["wall_s"] for d in ph["duets"]]
+            print(f"revision lane: budget per trial median {statistics.median(budgets):.1f} s, wall median "
+                  f"{statistics.median(walls):.1f} s (max {max(walls):.1f} s):")
             print("\n".join(rev["detail"]))
             rows.append(("revision: vs REV, 99% interval", name, rev["fa"], rev["power"], rev["unstable"], rev["n"].get(0.0, 0)))
     print("\n| lane | phase | false alarms / measurement | / suite run (20) | "
@@ -312,8 +327,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=1000, help="at most this many rounds per phase (each: 2 unchanged "
                     "+ 1 per slowdown, in both lanes)")
     ap.add_argument("--min-run-time", type=float, default=0.5, help="history lane: seconds of timed steps per measurement")
-    ap.add_argument("--lane-budget-s", type=float, default=4.0,
-                    help="revision lane: seconds per trial (pytest's is 4 x min_run_time: 4 s by default)")
+    ap.add_argument("--lane-budget-s", type=float, default=None,
+                    help="revision lane: a fixed budget per trial (default: pytest's, from min_run_time and the "
+                         "history lane's step median of the same round)")
+    ap.add_argument("--lanes", nargs="+", default=["history", "revision"], choices=["history", "revision"])
     ap.add_argument("--history", type=int, default=20, help="launches in the gate's history")
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "gate_power.json"), help="raw data, for --analyse")
     ap.add_argument("--analyse", metavar="JSON", help="analyse saved data instead of launching")

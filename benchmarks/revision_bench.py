@@ -5,16 +5,17 @@ A temporary repository holds ``work.py`` (the same DDP MLP step as gate_power's 
 its micro-batch count as a module constant). Commits: the base (MICRO = 16); an unchanged revision
 (a comment changes: a real commit, the same work); and +10/+25/+50% more micro-batches (18, 20, 24:
 the slowed revision does more work, as a real regression would; no sleep). Each head revision is a
-worktree, first on its own warm ranks' sys.path; the base is a worktree too, on one set of warm ranks
-shared by every condition (it is the same code). Prints nothing; gate_power.py drives and reports.
+worktree; the base is a worktree too. Two sets of warm ranks take turns, swapping roles between blocks
+as pytest's lane does. Prints nothing; gate_power.py drives and reports.
 """
 from __future__ import annotations
 
 import os
 import random
+import statistics
 import subprocess
 import tempfile
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 MICRO = 16
 WORK = '''"""A compute-bound DDP step: MICRO forward/backward passes of an MLP, gradients synced on the last."""
@@ -81,18 +82,19 @@ def make_repo(slowdowns) -> Dict[str, object]:
 
 
 class RevisionBench:
-    """Worktrees of the base and of every head revision, and their warm ranks."""
+    """Worktrees of the base and of every head revision, and two sets of warm ranks that take turns
+    (they swap roles from block to block, as in pytest). ``new_sets`` starts new ones: gate_power
+    does so every round, so that a set's own speed varies between trials as it does between CI jobs."""
 
-    def __init__(self, slowdowns, budget_s: float, threshold: float = 0.10):
+    def __init__(self, slowdowns, budget_s: Optional[float], threshold: float = 0.10, min_run_time: float = 0.5):
         from pytest_mgpu.devices import detect_hardware, plan_for
         from pytest_mgpu.launch.base import LaunchSpec
-        from pytest_mgpu.launch.pool import PoolLauncher
         from pytest_mgpu.launch.protocol import FnRef
         from pytest_mgpu.launch.rendezvous import StoreServer
         from pytest_mgpu.timing import worktree
-        from pytest_mgpu.timing.revision import Side
+        from pytest_mgpu.timing.revision import Version
 
-        self.budget_s, self.threshold = budget_s, threshold
+        self.budget_s, self.threshold, self.min_run_time = budget_s, threshold, min_run_time
         self.git = make_repo(slowdowns)
         repo = self.git["repo"]
         plan = plan_for(2, detect_hardware(), "cpu")
@@ -100,36 +102,49 @@ class RevisionBench:
                                device_ids=("0", "1") if plan.device_type == "cuda" else (), label="gate_power revision")
         self.trees: List[str] = []
         self.store = StoreServer()
+        self.sets: list = []
+        self.last_step: Dict[float, float] = {}
 
-        def side(name: str, commit: str, launcher) -> "Side":
+        def version(name: str, commit: str) -> "Version":
             tree = worktree.add(repo, commit)
             self.trees.append(tree)
-            return Side(name, launcher, FnRef("work", "mlp_step", os.path.join(tree, "work.py")), (tree,))
+            return Version(name, FnRef("work", "mlp_step", os.path.join(tree, "work.py")), (tree,))
 
-        self.launchers = [PoolLauncher()]
-        self.base = side("base", self.git["base"], self.launchers[0])
-        self.heads = {}
-        for c, commit in self.git["heads"].items():
-            self.launchers.append(PoolLauncher())
-            self.heads[c] = side("head", commit, self.launchers[-1])
+        self.base = version("base", self.git["base"])
+        self.heads = {c: version("head", commit) for c, commit in self.git["heads"].items()}
+        self.new_sets()
 
-    def duet(self, slowdown: float, rng: random.Random) -> dict:
+    def new_sets(self) -> None:
+        from pytest_mgpu.launch.pool import PoolLauncher
+
+        for launcher in self.sets:
+            launcher.close()
+        self.sets = [PoolLauncher(), PoolLauncher()]
+
+    def duet(self, slowdown: float, rng: random.Random, step_s: Optional[float] = None) -> dict:
+        """One trial as pytest's lane runs it: the budget from ``min_run_time`` and the step's time
+        (``step_s``: the history lane's median of the same condition), unless a fixed one was given."""
         import pickle
 
         from pytest_mgpu.timing.inrank import LoopConfig
         from pytest_mgpu.timing.pairing import judge_pairs
-        from pytest_mgpu.timing.revision import run_duet
+        from pytest_mgpu.timing.revision import lane_budget, run_duet
 
-        d = run_duet(self.heads[slowdown], self.base, self.spec, pickle.dumps(((), {})), LoopConfig(None, None, 0.25),
-                     self.budget_s, self.store, rng, self.threshold)
-        v = judge_pairs(d.head, d.base, self.threshold)
-        return {"slowdown": slowdown, "pairs_head": d.head, "pairs_base": d.base, "iterations": d.iterations,
-                "head_first": d.head_first, "wall_s": d.wall_s, "verdict": v.to_dict()}
+        step_s = step_s or self.last_step.get(slowdown)  # without a history lane: the last trial's
+        budget = self.budget_s or lane_budget(self.min_run_time, step_s)
+        d = run_duet(self.heads[slowdown], self.base, self.sets, self.spec, pickle.dumps(((), {})),
+                     LoopConfig(None, None, 0.25), budget, self.store, rng, self.threshold, forget=tuple(self.trees))
+        v = judge_pairs(d.head, d.base, self.threshold, d.blocks)
+        if d.head_samples:
+            self.last_step[slowdown] = statistics.median(d.head_samples)
+        return {"slowdown": slowdown, "pairs_head": d.head, "pairs_base": d.base, "pairs_block": d.blocks,
+                "iterations": d.iterations, "head_first": d.head_first, "wall_s": d.wall_s, "budget_s": budget,
+                "verdict": v.to_dict()}
 
     def close(self) -> None:
         from pytest_mgpu.timing import worktree
 
-        for launcher in self.launchers:
+        for launcher in self.sets:
             launcher.close()
         for tree in self.trees:
             worktree.remove(self.git["repo"], tree)

@@ -101,3 +101,47 @@ def test_the_lane_budget_holds_enough_pairs_of_a_slow_step():
     assert lane_budget(0.4, None) == BUDGET_FACTOR * 0.4  # no history measurement to size it by
     slow = lane_budget(0.4, 0.5)
     assert slow >= PAIRS_GOAL * 2 * 0.5 > BUDGET_FACTOR * 0.4
+
+
+def _swapped(n_per_block, blocks, ratio, set_bias, sd=0.02, seed=5):
+    """Pairs from two sets of ranks that swap roles every block: set 0 is ``set_bias`` slower in log
+    than set 1 for its whole life, so the head looks slower in even blocks and faster in odd ones."""
+    rng = random.Random(seed)
+    head, base, ks = [], [], []
+    for k in range(blocks):
+        for _ in range(n_per_block[k] if isinstance(n_per_block, list) else n_per_block):
+            b = 0.05 * (1 + rng.uniform(-0.3, 0.3))
+            sign = 1 if k % 2 == 0 else -1
+            head.append(b * ratio * math.exp(sign * set_bias + rng.gauss(0.0, sd)))
+            base.append(b)
+            ks.append(k)
+    return head, base, ks
+
+
+@pytest.mark.parametrize("ratio", [1.0, 1.3])
+def test_a_set_of_ranks_own_speed_cancels_over_swapped_blocks(ratio):
+    """A 12% set bias (measured: sets of 2 CPU ranks 0.88-1.12x each other for their whole life) with
+    more pairs in one block than the other: the block mean weighs both roles alike, and finds the
+    true ratio, where the pooled pairs would lean toward the bigger block."""
+    head, base, ks = _swapped([30, 12], 2, ratio, 0.12)
+    v = judge_pairs(head, base, 0.10, ks)
+    assert v.ratio == pytest.approx(ratio, rel=0.02), v
+    pooled = judge_pairs(head, base, 0.10)
+    assert pooled.ratio > ratio * 1.05  # what the lane said before the blocks: the set's bias
+    assert v.status == (RevisionStatus.SAME if ratio == 1.0 else RevisionStatus.SLOWER)
+
+
+def test_a_block_with_too_few_pairs_is_unstable_and_blocks_must_match_pairs():
+    head, base, ks = _swapped([20, pairing.MIN_BLOCK_PAIRS - 1], 2, 1.0, 0.0)
+    v = judge_pairs(head, base, 0.10, ks)
+    assert v.status == RevisionStatus.UNSTABLE and "a block of pairs held only" in v.note
+    with pytest.raises(ValueError, match="every pair needs its block"):
+        judge_pairs(head, base, 0.10, ks[:-1])
+
+
+def test_compare_rejudges_a_lane_from_its_blocks():
+    from pytest_mgpu.timing.compare import rejudge_revision
+
+    head, base, ks = _swapped([30, 12], 2, 1.0, 0.12)
+    r = {"pairs_head": head, "pairs_base": base, "pairs_block": ks}
+    assert rejudge_revision(r, 0.10)["verdict"] == judge_pairs(head, base, 0.10, ks).to_dict()

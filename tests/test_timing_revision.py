@@ -125,6 +125,8 @@ def test_the_lane_row_new_benchmarks_a_dirty_tree_and_no_worktree_left(pytester,
         module, plugin = (record / name).read_text().splitlines()
         sides.setdefault(name.rsplit("-", 1)[1], set()).add((module, plugin))
     base_side, head_side = sides["1"], sides["6"]
+    pids = {name: {n.rsplit("-", 1)[0] for n in os.listdir(record) if n.endswith("-" + name)} for name in ("1", "6")}
+    assert pids["1"] and pids["1"] <= pids["6"], pids  # the lane's two sets swapped roles: each ran both revisions
     assert all(os.path.basename(os.path.dirname(m)).startswith(worktree.PREFIX) for m, _ in base_side)
     assert {m for m, _ in head_side} == {str(r / "work.py")}
     assert {p for _, p in base_side} == {p for _, p in head_side} == {pytest.importorskip("pytest_mgpu").__file__}

@@ -93,7 +93,8 @@ def rejudge_revision(r: dict, threshold: float) -> dict:
     """A revision-lane result judged again from its pairs (at ``threshold``), as pytest judged it."""
     if not r.get("pairs_head"):
         return r  # new, or the base failed: nothing to judge
-    return dict(r, verdict=judge_pairs(r["pairs_head"], r["pairs_base"], threshold).to_dict())
+    blocks = r.get("pairs_block") or None  # reports written before blocks: one block
+    return dict(r, verdict=judge_pairs(r["pairs_head"], r["pairs_base"], threshold, blocks).to_dict())
 
 
 def main(argv=None) -> int:

@@ -39,12 +39,13 @@ import random
 import statistics
 from dataclasses import asdict, dataclass
 from enum import Enum
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 LEVEL = 0.99
 RESAMPLES = 4000  # 0.5% tails are then the 20th value from each end
 TRIM = 0.2
 MIN_PAIRS = 10  # fewer pairs cannot make a 99% bootstrap interval worth its name
+MIN_BLOCK_PAIRS = 4  # a block's pairs are resampled among themselves: fewer would understate its spread
 
 
 class RevisionStatus(str, Enum):
@@ -117,11 +118,30 @@ def _seed(values: Sequence[float]) -> int:
     return int(hashlib.sha1(text.encode()).hexdigest()[:12], 16)
 
 
-def bootstrap_interval(values: Sequence[float], level: float = LEVEL, resamples: int = RESAMPLES) -> Tuple[float, float]:
-    """Percentile bootstrap interval of the trimmed mean of ``values`` (resampled with replacement)."""
+def _grouped(values: Sequence[float], blocks: Sequence[int]) -> List[List[float]]:
+    by: Dict[int, List[float]] = {}
+    for v, b in zip(values, blocks):
+        by.setdefault(b, []).append(v)
+    return [by[b] for b in sorted(by)]
+
+
+def block_mean(values: Sequence[float], blocks: Sequence[int], trim: float = TRIM) -> float:
+    """The mean over blocks of each block's trimmed mean. Every block weighs the same, so a set of
+    ranks' own speed, which enters the blocks with alternating signs as the sets swap roles
+    (``ranksets``), cancels over an even number of blocks."""
+    groups = _grouped(values, blocks)
+    return math.fsum(trimmed_mean(g, trim) for g in groups) / len(groups)
+
+
+def bootstrap_interval(values: Sequence[float], level: float = LEVEL, resamples: int = RESAMPLES,
+                       blocks: Optional[Sequence[int]] = None) -> Tuple[float, float]:
+    """Percentile bootstrap interval of ``block_mean`` (one block when ``blocks`` is None): the pairs
+    are resampled with replacement within each block (stratified: the blocks are the design of the
+    measurement, not a sample of it)."""
+    groups = _grouped(values, [0] * len(values) if blocks is None else blocks)
     rng = random.Random(_seed(values))
-    n = len(values)
-    stats = sorted(trimmed_mean(rng.choices(values, k=n)) for _ in range(resamples))
+    stats = sorted(math.fsum(trimmed_mean(rng.choices(g, k=len(g))) for g in groups) / len(groups)
+                   for _ in range(resamples))
     tail = (1.0 - level) / 2.0
     lo = stats[max(0, int(math.floor(tail * resamples)))]
     hi = stats[min(resamples - 1, int(math.ceil((1.0 - tail) * resamples)) - 1)]
@@ -134,17 +154,30 @@ def log_ratios(head: Sequence[float], base: Sequence[float]) -> List[float]:
     return [math.log(h / b) for h, b in zip(head, base) if h > 0 and b > 0]
 
 
-def judge_pairs(head: Sequence[float], base: Sequence[float], threshold: float) -> RevisionVerdict:
-    """The verdict from the pairs' batch times (seconds; head[i] and base[i] are pair i)."""
+def _blocks_of(head: Sequence[float], base: Sequence[float], blocks: Optional[Sequence[int]]) -> List[int]:
+    if blocks is None:
+        return [0] * sum(1 for h, b in zip(head, base) if h > 0 and b > 0)
+    if len(blocks) != len(head):
+        raise ValueError(f"every pair needs its block, got {len(blocks)} block number(s) for {len(head)} pairs")
+    return [k for h, b, k in zip(head, base, blocks) if h > 0 and b > 0]
+
+
+def judge_pairs(head: Sequence[float], base: Sequence[float], threshold: float,
+                blocks: Optional[Sequence[int]] = None) -> RevisionVerdict:
+    """The verdict from the pairs' batch times (seconds; head[i] and base[i] are pair i, measured in
+    block ``blocks[i]``; None: all in one block)."""
     r = log_ratios(head, base)
+    ks = _blocks_of(head, base, blocks)
     n = len(r)
-    if n < MIN_PAIRS:
+    smallest = min(len(g) for g in _grouped(r, ks)) if r else 0
+    if n < MIN_PAIRS or smallest < MIN_BLOCK_PAIRS:
         ratio = math.exp(statistics.median(r)) if r else None
+        why = (f"only {n} pair(s) fit in the lane's time budget (at least {MIN_PAIRS} needed)" if n < MIN_PAIRS else
+               f"a block of pairs held only {smallest} (at least {MIN_BLOCK_PAIRS} needed)")
         return RevisionVerdict(RevisionStatus.UNSTABLE, ratio, pairs=n, threshold=threshold,
-                               note=f"only {n} pair(s) fit in the lane's time budget (at least {MIN_PAIRS} "
-                                    "needed): give this benchmark a larger min_run_time")
-    est = trimmed_mean(r)
-    lo, hi = bootstrap_interval(r)
+                               note=f"{why}: give this benchmark a larger min_run_time")
+    est = block_mean(r, ks)
+    lo, hi = bootstrap_interval(r, blocks=ks)
     common = dict(ratio=math.exp(est), low=math.exp(lo), high=math.exp(hi), pairs=n, threshold=threshold)
     if lo > math.log1p(threshold):
         return RevisionVerdict(RevisionStatus.SLOWER, **common)

@@ -6,17 +6,20 @@ catch (README, "Measured": log sd 0.10-0.70 between launches), and the in-run re
 drift only partly. Batches of the head and of the base taken seconds apart see the same machine, so
 their ratio cancels it; ``pairing`` judges the ratio of the pairs.
 
-How: the lane owns two launchers of warm ranks (``PoolLauncher``), "head" and "base", apart from the
-test's own ranks, so both sides start alike. The base ranks get REV's folders first on ``sys.path``
-(``worktree.Checkout.path_first``) and the function's file at REV; pytest-mgpu itself is the
-installed one on both sides. Both sides are called at once (one call each, ``revision_rank.duet_loop``):
-each sets the step up and warms it up, then they take turns through a TCPStore of the lane, in
-pairs whose order is drawn at random, until the budget is spent (BUDGET_FACTOR x the benchmark's
-``min_run_time``, and at least what PAIRS_GOAL pairs of the step take: ``lane_budget``); an interval that is still undecided then ("unstable": a noisy machine)
-gets more pairs, up to CAP_FACTOR x the budget, so that a loaded runner answers more often instead
-of saying "unstable" (the extension looks at the interval's width and place, not at the ratio alone,
-and the pairs before it count: at most two looks at the data). A turn runs as many iterations as
-last about TURN_S (at least one).
+How: the lane owns two launchers of warm ranks (``PoolLauncher``) apart from the test's own ranks, so
+both sides start alike. A measurement is a run of blocks; in each block one set runs the head (the
+working tree) and the other the base (REV's folders first on ``sys.path``, ``worktree.Checkout.
+path_first``, and the function's file at REV), and the sets swap roles from block to block, with
+every rank pinned to the same cores in both sets (``ranksets``: a set of ranks carries a speed of
+its own, measured up to 12% in A/A runs, which pairs cannot see and the swap cancels). pytest-mgpu
+itself is the installed one on both sides. In a block both sides are called at once (one call each,
+``revision_rank.duet_loop``): each sets the step up and warms it up, then they take turns through a
+TCPStore of the lane, in pairs whose order is drawn at random, until the block's share of the budget
+is spent. The budget is BUDGET_FACTOR x the benchmark's ``min_run_time``, and at least what
+PAIRS_GOAL pairs of the step take (``lane_budget``), in BLOCKS blocks; a verdict still unsettled then
+(unstable, or "same" across an edge of the band: a noisy machine) gets BLOCKS more blocks, up to
+CAP_FACTOR x the budget, so that a loaded runner answers more often instead of saying "unstable".
+A turn runs as many iterations as last about TURN_S (at least one).
 Each iteration's time is its slowest rank's, as in ``Measurement``.
 """
 from __future__ import annotations
@@ -31,7 +34,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 from ..launch.base import Launcher, LaunchSpec
 from ..launch.errors import RankFailure
@@ -48,6 +51,7 @@ TURN_S = 0.02  # a turn's iterations last about this long: one iteration of any 
 CAP_FACTOR = 3.0  # an interval still undecided at the budget's end may take up to 3x the budget
 PAIRS_GOAL = 12  # the budget holds at least this many pairs of the step (MIN_PAIRS is 10)
 PAIR_OVERHEAD = 1.25  # a turn's barrier, hand-over and timing on top of its iteration
+BLOCKS = 2  # blocks of pairs per budget: the two sets of ranks swap roles between blocks (ranksets)
 
 
 def lane_budget(min_run_time: float, step_s: Optional[float]) -> float:
@@ -74,6 +78,7 @@ class RevisionResult:
     pairs_head: List[float] = field(default_factory=list)  # per pair: the batch's median iteration
     pairs_base: List[float] = field(default_factory=list)
     head_first: List[bool] = field(default_factory=list)
+    pairs_block: List[int] = field(default_factory=list)  # per pair: its block (empty: one block)
     iterations: int = 0  # per batch
     budget_s: float = 0.0
     wall_s: float = 0.0
@@ -95,8 +100,17 @@ class RevisionResult:
 
 
 @dataclass(frozen=True)
+class Version:
+    """One side's code: the function as it resolves there, and what goes first on sys.path."""
+
+    name: str  # "head" or "base"
+    fn: FnRef
+    path_first: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Side:
-    """One set of ranks: its launcher, the function as it resolves there, what goes first on sys.path."""
+    """One side in one block: the set of ranks that runs it, the function, what goes first on sys.path."""
 
     name: str  # "head" or "base"
     launcher: Launcher
@@ -117,48 +131,82 @@ class Duet:
     head_first: List[bool] = field(default_factory=list)
     head_samples: List[float] = field(default_factory=list)
     base_samples: List[float] = field(default_factory=list)
-    iterations: int = 1  # per turn (the head's)
+    blocks: List[int] = field(default_factory=list)  # per pair: its block (the sets swap roles between blocks)
+    iterations: int = 1  # per turn (the head's, in the first block)
     wall_s: float = 0.0
     missing: str = ""  # the base could not resolve the function: new in this change
+
+    def extend(self, block: "Duet", number: int) -> None:
+        """Add one block's pairs, numbered ``number``."""
+        if not self.head:
+            self.iterations = block.iterations
+        self.head += block.head
+        self.base += block.base
+        self.head_first += block.head_first
+        self.head_samples += block.head_samples
+        self.base_samples += block.base_samples
+        self.blocks += [number] * len(block.head)
 
 
 def _label(spec: LaunchSpec, side: str) -> LaunchSpec:
     return dataclasses.replace(spec, label=f"{spec.label} [revision lane: {side}]")
 
 
-def _call(side: Side, spec: LaunchSpec, payload: bytes, loop: LoopConfig, turns: Turns, out: dict) -> None:
-    ref, packed = pack_call(duet_loop, (side.fn, payload, side.path_first, loop, turns), {})
+def _call(side: Side, spec: LaunchSpec, payload: bytes, forget: Tuple[str, ...], loop: LoopConfig, turns: Turns,
+          out: dict) -> None:
+    ref, packed = pack_call(duet_loop, (side.fn, payload, side.path_first, forget, loop, turns), {})
     try:
         out[side.name] = list(side.launcher.run(_label(spec, side.name), ref, packed).values)
     except BaseException as exc:  # noqa: B036 - carried to the caller's thread, re-raised there
         out[side.name] = exc
 
 
-def run_duet(head: Side, base: Side, spec: LaunchSpec, payload: bytes, loop: LoopConfig, budget_s: float,
-             store: StoreServer, rng: Optional[random.Random] = None, threshold: float = 0.10) -> Duet:
-    """Both sides at once, taking turns through ``store`` until ``budget_s`` is spent. The base runs
-    in a thread; when either side fails, the other's ranks (waiting for it in the store) are ended."""
+def run_duet(head: Version, base: Version, sets: Sequence[Launcher], spec: LaunchSpec, payload: bytes,
+             loop: LoopConfig, budget_s: float, store: StoreServer, rng: Optional[random.Random] = None,
+             threshold: float = 0.10, forget: Tuple[str, ...] = ()) -> Duet:
+    """Blocks of pairs on the two sets of ranks ``sets``, which swap roles from block to block (set 0
+    runs the head in even blocks, the base in odd ones: ``ranksets`` says why), BLOCKS blocks per
+    ``budget_s``. A verdict still unsettled then (unstable, or "same" across an edge of the band) gets
+    BLOCKS more blocks, up to CAP_FACTOR x the budget. ``forget``: the folders whose modules a rank
+    drops before each block (the repository and REV's worktree), so that it imports its role's."""
     rng = rng or random.Random()
+    for launcher, name in zip(sets, ("set 0", "set 1")):  # start both pools, one after the other
+        ref, packed = pack_call(warm_ranks, (), {})
+        launcher.run(_label(spec, name), ref, packed)
+    duet = Duet()
+    t0 = time.monotonic()
+    block = 0
+    while True:
+        for _ in range(BLOCKS):
+            first, second = (sets[0], sets[1]) if block % 2 == 0 else (sets[1], sets[0])
+            got = run_block(Side("head", first, head.fn, head.path_first), Side("base", second, base.fn, base.path_first),
+                            spec, payload, loop, budget_s / BLOCKS, store, rng, forget)
+            if got.missing:
+                return dataclasses.replace(duet, missing=got.missing, wall_s=time.monotonic() - t0)
+            duet.extend(got, block)
+            block += 1
+        settled = judge_pairs(duet.head, duet.base, threshold, duet.blocks).settled
+        if settled or (block // BLOCKS + 1) * budget_s > CAP_FACTOR * budget_s + 1e-9:
+            duet.wall_s = time.monotonic() - t0
+            return duet
+
+
+def run_block(head: Side, base: Side, spec: LaunchSpec, payload: bytes, loop: LoopConfig, budget_s: float,
+              store: StoreServer, rng: random.Random, forget: Tuple[str, ...] = ()) -> Duet:
+    """One block: both sides at once, taking turns through ``store`` until ``budget_s`` is spent. The
+    base runs in a thread; when either side fails, the other's ranks (waiting for it in the store)
+    are ended."""
     seed = rng.randrange(2**31)
     rdv = store.new_rendezvous()
-    limit = spec.timeout_s
-    turns = {s.name: Turns(rdv.host, rdv.port, rdv.prefix, s.name, seed, budget_s, TURN_S, limit, threshold,
-                           CAP_FACTOR * budget_s) for s in (head, base)}
-    for side in (head, base):  # start both pools first, one after the other (not in two threads)
-        ref, packed = pack_call(warm_ranks, (), {})
-        try:
-            side.launcher.run(_label(spec, side.name), ref, packed)
-        except RankFailure as exc:
-            if side is base:
-                raise BaseFailed(_first_line(exc)) from None
-            raise
+    turns = {s.name: Turns(rdv.host, rdv.port, rdv.prefix, s.name, seed, budget_s, TURN_S, spec.timeout_s)
+             for s in (head, base)}
     got: dict = {}
     t0 = time.monotonic()
-    thread = threading.Thread(target=_base_call, args=(base, head, spec, payload, loop, turns["base"], got),
+    thread = threading.Thread(target=_base_call, args=(base, head, spec, payload, forget, loop, turns["base"], got),
                               name="mgpu-revision-base", daemon=True)
     thread.start()
     try:
-        _call(head, spec, payload, loop, turns["head"], got)
+        _call(head, spec, payload, forget, loop, turns["head"], got)
         if isinstance(got["head"], BaseException):
             base.launcher.close()  # its ranks wait for the head in the store
         thread.join()
@@ -174,11 +222,11 @@ def run_duet(head: Side, base: Side, spec: LaunchSpec, payload: bytes, loop: Loo
     return _assemble(got["head"], got["base"], seed, time.monotonic() - t0)
 
 
-def _base_call(base: Side, head: Side, spec: LaunchSpec, payload: bytes, loop: LoopConfig, turns: Turns,
-               out: dict) -> None:
+def _base_call(base: Side, head: Side, spec: LaunchSpec, payload: bytes, forget: Tuple[str, ...], loop: LoopConfig,
+               turns: Turns, out: dict) -> None:
     """The base's call (in a thread). When it fails, the head's ranks wait for it in the store: before
     the two sides met, tell them (they stop and return); after, end them (``BaseFailed`` follows)."""
-    _call(base, spec, payload, loop, turns, out)
+    _call(base, spec, payload, forget, loop, turns, out)
     if not isinstance(out.get("base"), BaseException):
         return
     import torch.distributed as tdist
@@ -218,28 +266,29 @@ def _assemble(head: List[DuetTiming], base: List[DuetTiming], seed: int, wall_s:
 
 
 class RevisionLane:
-    """The lane of one pytest process: worktrees per repository, two launchers of warm ranks."""
+    """The lane of one pytest process: worktrees per repository, two sets of warm ranks."""
 
     def __init__(self, rev: str, threshold: float):
         self.rev = rev
         self.threshold = threshold
         self.worktrees = Worktrees(rev)
-        self._launchers: Dict[str, Launcher] = {}
+        self._sets: Tuple[Launcher, ...] = ()
         self.store = StoreServer()  # where the two sides hand turns over
 
-    def launcher(self, name: str) -> Launcher:
-        if name not in self._launchers:
+    def sets(self) -> Tuple[Launcher, ...]:
+        """The two launchers of warm ranks that take turns (one pool per world size each)."""
+        if not self._sets:
             from ..launch.pool import PoolLauncher
 
-            self._launchers[name] = PoolLauncher()
-        return self._launchers[name]
+            self._sets = (PoolLauncher(), PoolLauncher())
+        return self._sets
 
-    def forget(self, name: str) -> None:
-        """After a failure: close the launcher (its ranks may have been ended already) and start a
-        new one on next use."""
-        launcher = self._launchers.pop(name, None)
-        if launcher is not None:
+    def forget_sets(self) -> None:
+        """After a failure: close both launchers (some of their ranks were ended) and start new ones
+        on next use."""
+        for launcher in self._sets:
             launcher.close()
+        self._sets = ()
 
     def for_test(self, test_file: Union[str, Path]) -> "BoundLane":
         return BoundLane(self, str(test_file))
@@ -256,25 +305,25 @@ class RevisionLane:
             return self._unjudged(result, RevisionStatus.NEW, f"new in this change: {rel} does not exist at "
                                                               f"{checkout.label}")
         spec = dist.spec(1 if single_process else dist.world_size, timeout)
-        head = Side("head", self.launcher("head"), ref)
-        base = Side("base", self.launcher("base"), FnRef(ref.module, ref.qualname, base_file or ref.file),
-                    checkout.path_first(sys.path))
+        head = Version("head", ref)
+        base = Version("base", FnRef(ref.module, ref.qualname, base_file or ref.file), checkout.path_first(sys.path))
         try:
-            duet = run_duet(head, base, spec, payload, loop, budget, self.store, threshold=self.threshold)
+            duet = run_duet(head, base, self.sets(), spec, payload, loop, budget, self.store,
+                            threshold=self.threshold, forget=(checkout.repo, checkout.path))
         except BaseFailed as exc:
-            self.forget("head")  # ended if the base failed while they took turns
+            self.forget_sets()  # the head's ranks were ended if the base failed while they took turns
             return self._unjudged(result, RevisionStatus.BASE_FAILED, f"{checkout.label}'s code failed: {exc}")
         except BaseException:
-            self.forget("base")  # run_duet ended the base's ranks, which waited for the failed head
+            self.forget_sets()  # the base's ranks were ended: they waited for the failed head
             raise
         if duet.missing:
             return self._unjudged(result, RevisionStatus.NEW, f"new in this change: {ref.qualname} cannot be "
                                                               f"imported at {checkout.label} ({duet.missing})")
         return dataclasses.replace(
-            result, verdict=judge_pairs(duet.head, duet.base, self.threshold),
+            result, verdict=judge_pairs(duet.head, duet.base, self.threshold, duet.blocks),
             head_median_s=statistics.median(duet.head_samples), base_median_s=statistics.median(duet.base_samples),
-            pairs_head=duet.head, pairs_base=duet.base, head_first=duet.head_first, iterations=duet.iterations,
-            wall_s=duet.wall_s)
+            pairs_head=duet.head, pairs_base=duet.base, head_first=duet.head_first, pairs_block=duet.blocks,
+            iterations=duet.iterations, wall_s=duet.wall_s)
 
     def _unjudged(self, result: RevisionResult, status: RevisionStatus, note: str) -> RevisionResult:
         return dataclasses.replace(result, verdict=RevisionVerdict(status, threshold=self.threshold, note=note))
@@ -283,9 +332,7 @@ class RevisionLane:
         return self.worktrees.checkout(test_file)
 
     def close(self) -> None:
-        for launcher in self._launchers.values():
-            launcher.close()
-        self._launchers.clear()
+        self.forget_sets()
         self.worktrees.close()
 
 

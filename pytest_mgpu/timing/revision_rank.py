@@ -1,7 +1,8 @@
 """The rank side of the revision lane: set the step up, then take turns with the other side's ranks.
 
 Both sides (the head's ranks and the base's, ``timing.revision``) run ``duet_loop`` at the same time,
-one call each. After setting up and warming up, they take turns through a TCPStore the test process
+one call each per block of pairs. First each rank pins its threads to its cores and forgets the
+user's modules of the role it had in the last block (``ranksets``). After setting up and warming up, they take turns through a TCPStore the test process
 serves for this measurement: in turn t the side that owns it runs ``iterations`` timed steps (each
 after a barrier, as ``inrank`` does) while the other side waits in the store (its ranks idle in a
 blocking read), then hands turn t + 1 over. Turns 2p and 2p + 1 are pair p; which side goes first in
@@ -10,7 +11,7 @@ call costs 8-40 ms at load 5-8 (more than a small step), and between two calls t
 moves; a hand-over through the store costs about a millisecond, so the head and base halves of a
 pair are measured back to back.
 
-The side that ends pair p past the budget (a deadline on the machine's monotonic clock, the same
+The side that ends pair p past the block's budget (a deadline on the machine's monotonic clock, the same
 for every process) writes "stop" for the next turns of both sides. Only rank 0 of a side talks to
 the store; it tells its peers with an all-reduce, so every rank runs the same collectives.
 
@@ -32,10 +33,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from ..launch.protocol import FnRef
 from .inrank import Clock, LoopConfig, warm_up
+from .ranksets import forget_modules, pinned
 
 
 
@@ -58,8 +60,6 @@ class Turns:
     budget_s: float  # timed turns end after this long (the last pair is completed)
     turn_s: float  # a turn's iterations are sized to last about this long
     wait_s: float  # how long a side waits for the other before giving up (the call's limit)
-    threshold: float = 0.10  # of the verdict: an undecided interval past the budget extends it
-    cap_s: float = 0.0  # ... up to this long in all (0: no extension)
     max_pairs: int = 100_000
 
     def owner(self, t: int) -> str:
@@ -101,9 +101,7 @@ class _Referee:
     def __init__(self, turns: Turns, rank: int):
         self.turns = turns
         self.store = _store(turns) if rank == 0 else None
-        self.deadline = self.start = math.inf
-        self.mine: Dict[int, float] = {}  # this side's turns: their slowest-rank medians
-        self.theirs: Dict[int, float] = {}  # the other side's, read from the store when needed
+        self.deadline = math.inf
 
     def meet(self, ready: str) -> bool:
         """Say this side is ready (or "missing"); True when both sides are ready to time."""
@@ -121,49 +119,21 @@ class _Referee:
             return False
         if self.store.get(f"go/{t}").decode() != "run":
             return False
-        if self.start == math.inf:  # the deadline was set when turn 0 began; an extension moves it
-            self.start = float(self.store.get("deadline").decode()) - self.turns.budget_s
-        self.deadline = float(self.store.get("deadline").decode())
+        if self.deadline == math.inf:  # set when turn 0 began
+            self.deadline = float(self.store.get("deadline").decode())
         return True
 
     def hand_over(self, t: int, median: float) -> bool:
         """After turn t (its slowest-rank median): the next turn may run, or both sides stop (True:
-        this side stops). Past the budget, a pair's end stops the duet, unless the interval so far
-        is not settled (``RevisionVerdict.settled``: unstable, or "same" across an edge of the band)
-        and the cap is not reached: then more pairs are taken, and asked again after another quarter
-        of the budget."""
+        this side stops): at the end of the first pair that ends past the deadline."""
         if self.store is None:
             return False
         self.store.set(f"med/{t}", repr(median))
-        self.mine[t] = median
-        done = t % 2 == 1 and (self._decided() or (t + 1) // 2 >= self.turns.max_pairs)
+        done = t % 2 == 1 and (time.monotonic() >= self.deadline or (t + 1) // 2 >= self.turns.max_pairs)
         self.store.set(f"go/{t + 1}", "stop" if done else "run")
         if done:
             self.store.set(f"go/{t + 2}", "stop")  # the other side's next turn is t + 1 or t + 2
         return done
-
-    def _decided(self) -> bool:
-        now = time.monotonic()
-        if now < self.deadline:
-            return False
-        if now >= self.start + self.turns.cap_s:
-            return True
-        from .pairing import judge_pairs
-
-        head, base = [], []
-        for t in sorted(self.mine):
-            p = t // 2
-            other_t = 2 * p + 1 if t == 2 * p else 2 * p
-            if other_t not in self.theirs:
-                self.theirs[other_t] = float(self.store.get(f"med/{other_t}").decode())
-            mine, theirs = self.mine[t], self.theirs[other_t]
-            head.append(mine if self.turns.side == "head" else theirs)
-            base.append(theirs if self.turns.side == "head" else mine)
-        if judge_pairs(head, base, self.turns.threshold).settled:
-            return True
-        self.deadline = now + self.turns.budget_s / 4
-        self.store.set("deadline", repr(self.deadline))
-        return False
 
 
 def _iterations(clock: Clock, step, turn_s: float, probes: int = 3) -> int:
@@ -176,13 +146,20 @@ def _iterations(clock: Clock, step, turn_s: float, probes: int = 3) -> int:
     return max(1, min(500, round(turn_s / max(wall, 1e-9))))
 
 
-def duet_loop(fn_ref: FnRef, payload: bytes, path_first: Tuple[str, ...], loop: LoopConfig,
+def duet_loop(fn_ref: FnRef, payload: bytes, path_first: Tuple[str, ...], forget: Tuple[str, ...], loop: LoopConfig,
               turns: Turns) -> DuetTiming:
-    """Runs in every rank of one side: set up, warm up, then this side's turns until "stop"."""
+    """Runs in every rank of one side for one block: pinned to this rank's cores, with the other
+    revision's modules forgotten (``ranksets``), set up, warm up, then this side's turns until "stop"."""
     from .._context import rank_context
 
     ctx = rank_context()
-    _put_first(path_first)
+    with pinned(ctx.rank, ctx.world_size):
+        forget_modules(forget)
+        _put_first(path_first)
+        return _take_turns(ctx, fn_ref, payload, loop, turns)
+
+
+def _take_turns(ctx, fn_ref: FnRef, payload: bytes, loop: LoopConfig, turns: Turns) -> DuetTiming:
     referee = _Referee(turns, ctx.rank)
     out = DuetTiming(ctx.rank)
     try:
