@@ -214,3 +214,28 @@ def test_a_base_whose_code_raises_is_reported_not_failed(pytester, repo):
     result.stdout.fnmatch_lines(["*test_mm*vs HEAD@* +dirty*base failed*",
                                  "*test_mm::step_factory vs HEAD@*: base failed: HEAD@*'s code failed: *"])
     assert worktrees(r) == [str(r)]
+
+
+ONCE = '''
+import builtins
+if getattr(builtins, "_mgpu_test_work_loaded", False):  # as a module registering a global name would
+    raise RuntimeError("work was already imported in this process")
+builtins._mgpu_test_work_loaded = True
+'''
+
+
+def test_code_that_cannot_be_imported_twice_is_measured_without_the_swap(pytester, repo):
+    """The lane's sets swap roles, so a rank imports both revisions of a module: one that refuses a
+    second import in the same process is measured again on new sets that keep their roles, and the
+    row says so (its verdict stands, with the caveat), instead of failing or blaming REV."""
+    r, _ = repo
+    (r / "work.py").write_text(WORK.format(n=1) + ONCE)
+    git(r, "commit", "-qam", "a module that refuses a second import")
+    (r / "work.py").write_text(WORK.format(n=6) + ONCE)
+    result = pytester.runpytest("--mgpu-fallback=cpu", "--mgpu-against=HEAD", "--mgpu-report=out.json", "test_perf.py")
+    doc = json.loads((r / "out.json").read_text())
+    v = next(row for row in doc["rows"] if row["lane"] == "revision")["verdict"]
+    assert v["status"] in ("slower", "unstable"), v  # 6x the work, judged
+    assert "measured without swapping the sets of ranks" in v["note"] and "already imported" in v["note"], v
+    assert "base failed" not in result.stdout.str()
+    assert worktrees(r) == [str(r)]

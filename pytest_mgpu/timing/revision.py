@@ -122,6 +122,12 @@ class BaseFailed(Exception):
     """REV's code raised (or its ranks died) while being set up or timed."""
 
 
+class SwapFailed(Exception):
+    """A block after the sets swapped roles failed where the first block had not: most likely a module
+    of the repository that cannot be imported twice in one process (it registers a global name that
+    refuses a second registration). The lane measures again without swapping (``RevisionLane``)."""
+
+
 @dataclass
 class Duet:
     """The raw pairs of one lane measurement."""
@@ -163,12 +169,14 @@ def _call(side: Side, spec: LaunchSpec, payload: bytes, forget: Tuple[str, ...],
 
 def run_duet(head: Version, base: Version, sets: Sequence[Launcher], spec: LaunchSpec, payload: bytes,
              loop: LoopConfig, budget_s: float, store: StoreServer, rng: Optional[random.Random] = None,
-             threshold: float = 0.10, forget: Tuple[str, ...] = ()) -> Duet:
+             threshold: float = 0.10, forget: Tuple[str, ...] = (), swap: bool = True) -> Duet:
     """Blocks of pairs on the two sets of ranks ``sets``, which swap roles from block to block (set 0
     runs the head in even blocks, the base in odd ones: ``ranksets`` says why), BLOCKS blocks per
     ``budget_s``. A verdict still unsettled then (unstable, or "same" across an edge of the band) gets
     BLOCKS more blocks, up to CAP_FACTOR x the budget. ``forget``: the folders whose modules a rank
-    drops before each block (the repository and REV's worktree), so that it imports its role's."""
+    drops before each block (the repository and REV's worktree), so that it imports its role's.
+    ``swap=False``: set 0 runs the head in every block and the ranks forget only before the first
+    (``SwapFailed``)."""
     rng = rng or random.Random()
     for launcher, name in zip(sets, ("set 0", "set 1")):  # start both pools, one after the other
         ref, packed = pack_call(warm_ranks, (), {})
@@ -178,9 +186,15 @@ def run_duet(head: Version, base: Version, sets: Sequence[Launcher], spec: Launc
     block = 0
     while True:
         for _ in range(BLOCKS):
-            first, second = (sets[0], sets[1]) if block % 2 == 0 else (sets[1], sets[0])
-            got = run_block(Side("head", first, head.fn, head.path_first), Side("base", second, base.fn, base.path_first),
-                            spec, payload, loop, budget_s / BLOCKS, store, rng, forget)
+            first, second = (sets[1], sets[0]) if swap and block % 2 else (sets[0], sets[1])
+            try:
+                got = run_block(Side("head", first, head.fn, head.path_first),
+                                Side("base", second, base.fn, base.path_first), spec, payload, loop,
+                                budget_s / BLOCKS, store, rng, forget if swap or block == 0 else ())
+            except (RankFailure, BaseFailed) as exc:
+                if swap and block > 0:
+                    raise SwapFailed(_first_line(exc)) from None
+                raise
             if got.missing:
                 return dataclasses.replace(duet, missing=got.missing, wall_s=time.monotonic() - t0)
             duet.extend(got, block)
@@ -307,9 +321,18 @@ class RevisionLane:
         spec = dist.spec(1 if single_process else dist.world_size, timeout)
         head = Version("head", ref)
         base = Version("base", FnRef(ref.module, ref.qualname, base_file or ref.file), checkout.path_first(sys.path))
+        note = ""
         try:
-            duet = run_duet(head, base, self.sets(), spec, payload, loop, budget, self.store,
-                            threshold=self.threshold, forget=(checkout.repo, checkout.path))
+            try:
+                duet = run_duet(head, base, self.sets(), spec, payload, loop, budget, self.store,
+                                threshold=self.threshold, forget=(checkout.repo, checkout.path))
+            except SwapFailed as exc:
+                self.forget_sets()
+                note = (f"measured without swapping the sets of ranks, so a set's own speed is not cancelled: "
+                        f"after the swap a rank failed ({exc}); a module of the repository that cannot be "
+                        "imported twice in one process does that")
+                duet = run_duet(head, base, self.sets(), spec, payload, loop, budget, self.store,
+                                threshold=self.threshold, forget=(checkout.repo, checkout.path), swap=False)
         except BaseFailed as exc:
             self.forget_sets()  # the head's ranks were ended if the base failed while they took turns
             return self._unjudged(result, RevisionStatus.BASE_FAILED, f"{checkout.label}'s code failed: {exc}")
@@ -319,8 +342,11 @@ class RevisionLane:
         if duet.missing:
             return self._unjudged(result, RevisionStatus.NEW, f"new in this change: {ref.qualname} cannot be "
                                                               f"imported at {checkout.label} ({duet.missing})")
+        verdict = judge_pairs(duet.head, duet.base, self.threshold, duet.blocks)
+        if note:
+            verdict = dataclasses.replace(verdict, note="; ".join(n for n in (verdict.note, note) if n))
         return dataclasses.replace(
-            result, verdict=judge_pairs(duet.head, duet.base, self.threshold, duet.blocks),
+            result, verdict=verdict,
             head_median_s=statistics.median(duet.head_samples), base_median_s=statistics.median(duet.base_samples),
             pairs_head=duet.head, pairs_base=duet.base, head_first=duet.head_first, pairs_block=duet.blocks,
             iterations=duet.iterations, wall_s=duet.wall_s)
