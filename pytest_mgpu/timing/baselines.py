@@ -268,6 +268,13 @@ class BaselineStore:
                 and f.fingerprint.isa is None and (f.fingerprint.device, f.fingerprint.device_count,
                                                    f.fingerprint.backend) == (fp.device, fp.device_count, fp.backend)]
 
+    def other_hardware(self, fp: Fingerprint) -> List[BaselineFile]:
+        """Readable files of other hardware (not stale, not kin): they judge nothing here, but a
+        reader who sees "no baseline" next to a committed file must be told why (issue 18)."""
+        stale = {f.path for f in self.stale_for(fp)}
+        return [f for f in self._files() if f.path != self.path_for(fp) and f.path not in stale
+                and not f.fingerprint.same_hardware(fp)]
+
     def describe_match(self, fp: Fingerprint) -> str:
         f, source = self.file_for(fp)
         stale = "".join(f"; {s.path.name} is stale: {STALE}" for s in self.stale_for(fp))

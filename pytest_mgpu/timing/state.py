@@ -162,6 +162,10 @@ class TimingState:
                              f"threshold +{self.options.threshold * 100:g}%, alpha {rule.ALPHA:g} per stage")
             for stale in self.store.stale_for(fp):
                 lines.append(f"  {_rel(stale.path)} is stale: {STALE}")
+            if f is None:
+                for other in self.store.other_hardware(fp):
+                    lines.append(f"  {_rel(other.path)} is another machine's ({other.fingerprint.describe()}): "
+                                 "timings of other hardware judge nothing here")
         own = {str(self.store.path_for(fp)) for fp, _ in seen.values()}
         for path, problem in sorted(self.store.scan().items()):
             if path in own:
