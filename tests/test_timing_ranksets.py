@@ -52,3 +52,22 @@ def test_forget_modules_drops_the_repositorys_modules_and_keeps_the_rest(tmp_pat
 
     assert again.N == 1
     forget_modules([str(base)])
+
+
+def test_forget_modules_keeps_installed_packages_inside_the_repository(tmp_path, monkeypatch):
+    """A virtual environment inside the repository (``.venv/``) holds torch under the repository's
+    root: its modules are installed ones and must stay (importing torch twice fails)."""
+    repo = tmp_path / "repo"
+    site = repo / ".venv" / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (site / "installed_dep.py").write_text("N = 1\n")
+    (repo / "users_code.py").write_text("N = 2\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.syspath_prepend(str(repo))
+    import installed_dep
+    import users_code
+
+    assert (installed_dep.N, users_code.N) == (1, 2)
+    gone = forget_modules([str(repo)])
+    assert gone == ["users_code"] and "installed_dep" in sys.modules
+    del sys.modules["installed_dep"]

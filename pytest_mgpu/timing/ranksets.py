@@ -78,9 +78,23 @@ def _inside(path: str, roots: Sequence[str]) -> bool:
     return any(path == root or path.startswith(root + os.sep) for root in roots)
 
 
+INSTALLED_DIRS = frozenset({"site-packages", "dist-packages"})
+
+
+def _installed(path: str) -> bool:
+    """A file of an installed package or of the interpreter: the same on both sides, whatever the
+    revision. Found in practice: a virtual environment inside the repository (``.venv/``, as
+    ``python -m venv .venv`` makes it, and CI scripts do) holds torch under the repository's root;
+    dropping torch's modules and importing torch again fails ("function '_has_torch_function' already
+    has a docstring")."""
+    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    return bool(INSTALLED_DIRS.intersection(path.split(os.sep))) or _inside(path, sorted(prefixes))
+
+
 def forget_modules(roots: Sequence[str]) -> List[str]:
     """Drop from ``sys.modules`` every module whose file lies under one of ``roots`` (the
-    repository's working tree and REV's worktree), except pytest-mgpu's own. Returns their names.
+    repository's working tree and REV's worktree), except pytest-mgpu's own and installed packages
+    (``_installed``: a virtual environment inside the repository). Returns their names.
 
     The next import of such a module runs its file again, from whichever folder is first on
     ``sys.path``. A compiled extension module cannot be loaded twice in one process: it is left in
@@ -95,7 +109,8 @@ def forget_modules(roots: Sequence[str]) -> List[str]:
         file = getattr(module, "__file__", None)
         if not file or not file.endswith((".py", ".pyc")):
             continue
-        if _inside(os.path.realpath(file), real):
+        path = os.path.realpath(file)
+        if _inside(path, real) and not _installed(path):
             del sys.modules[name]
             gone.append(name)
     if gone:
