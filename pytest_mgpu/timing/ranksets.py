@@ -79,6 +79,7 @@ def _inside(path: str, roots: Sequence[str]) -> bool:
 
 
 INSTALLED_DIRS = frozenset({"site-packages", "dist-packages"})
+_PREFIXES = sorted({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})
 
 
 def _installed(path: str) -> bool:
@@ -87,8 +88,7 @@ def _installed(path: str) -> bool:
     ``python -m venv .venv`` makes it, and CI scripts do) holds torch under the repository's root;
     dropping torch's modules and importing torch again fails ("function '_has_torch_function' already
     has a docstring")."""
-    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-    return bool(INSTALLED_DIRS.intersection(path.split(os.sep))) or _inside(path, sorted(prefixes))
+    return bool(INSTALLED_DIRS.intersection(path.split(os.sep))) or _inside(path, _PREFIXES)
 
 
 def forget_modules(roots: Sequence[str]) -> List[str]:
@@ -106,8 +106,10 @@ def forget_modules(roots: Sequence[str]) -> List[str]:
     for name, module in list(sys.modules.items()):
         if name == OWN_PACKAGE or name.startswith(OWN_PACKAGE + "."):
             continue
-        file = getattr(module, "__file__", None)
-        if not file or not file.endswith((".py", ".pyc")):
+        file = getattr(module, "__file__", None)  # torch.ops says "_ops.py": no place, not the user's
+        if not isinstance(file, str) or not os.path.isabs(file) or not file.endswith((".py", ".pyc")):
+            continue
+        if _installed(file):  # before realpath: most modules are, and realpath costs a stat per part
             continue
         path = os.path.realpath(file)
         if _inside(path, real) and not _installed(path):
