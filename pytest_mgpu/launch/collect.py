@@ -28,6 +28,12 @@ START_LIMIT_S = 120.0  # how long ranks may take to start and join the group, on
 # 4-rank call on the loaded 2-core machine (benchmarks/attribution.py --only margin): 3 s leaves ~0.8 s
 # to spare. When the outer limit is shorter than twice that, the cut falls halfway to it instead.
 REPORT_MARGIN_S = 3.0
+# The longest one wait on the ranks blocks the main thread. Python runs a signal's handler (Ctrl-C's
+# KeyboardInterrupt) in the main thread, after the system call the signal interrupted; a SIGINT that
+# the kernel hands to another thread of the process (the TCPStore's pt_tcpstore_uv thread, found at
+# load 8) interrupts nothing there, so the main thread slept on to the call's limit (300 s) before it
+# saw Ctrl-C. Waking every 0.5 s costs nothing measurable and bounds that.
+SIGNAL_POLL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -149,7 +155,8 @@ class _Waiter:
             if now >= self.deadline():
                 break
             waitables = [self.conns[r] for r in self.pending] + [self.procs[r].sentinel for r in self.pending]
-            ready = wait(waitables, timeout=min(self.cpu.due(self.deadline()), self.deadline()) - now)
+            until = min(self.cpu.due(self.deadline()), self.deadline(), now + SIGNAL_POLL_S)
+            ready = wait(waitables, timeout=until - now)
             for r in sorted({self.by_conn.get(id(o), self.by_sentinel.get(o)) for o in ready} - {None}):
                 self.drain(r)
             for obj in ready:
