@@ -46,6 +46,10 @@ def wait_for_no_processes(token: str, timeout: float = 10.0) -> list[int]:
     return left
 
 
+INTERRUPTIBLE_PYTEST = ("import signal, sys, pytest; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                        "sys.exit(pytest.console_main())")
+
+
 class Subpytest:
     """Runs pytest in a subprocess tagged with a unique environment token, to count what it leaves."""
 
@@ -63,7 +67,10 @@ class Subpytest:
         return env
 
     def popen(self, *args, **env) -> subprocess.Popen:
-        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args]
+        # Ctrl-C as in a terminal: a command started in the background by a non-interactive shell
+        # (`cmd &`, nohup, some CI scripts) inherits SIGINT ignored, and Python then installs no
+        # KeyboardInterrupt handler: the Ctrl-C tests failed in every run started that way.
+        cmd = [sys.executable, "-c", INTERRUPTIBLE_PYTEST, "-p", "no:cacheprovider", *args]
         return subprocess.Popen(
             cmd,
             cwd=str(self.pytester.path),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import time
 from typing import Dict, List
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -64,13 +65,29 @@ def descendants(pid: int) -> List[int]:
     return found
 
 
+EXEC_WAIT_S = 0.5  # how long an empty command line is read again (a child still inside exec)
+
+
 def command_line(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            parts = f.read().split(b"\0")
-        return " ".join(p.decode(errors="replace") for p in parts if p) or f"pid {pid}"
-    except OSError:
-        return f"pid {pid}"
+    """The process's command line. Read empty while the process is still inside ``execve``: the
+    parent's ``subprocess.Popen`` returns when exec closed its pipe, before the kernel sets the new
+    arguments (seen at load 8: "sleep 600; pid 12008" for a ``sleep 601`` started just before), so
+    an empty one is read again for up to EXEC_WAIT_S; then the executable's name stands in."""
+    end = time.monotonic() + EXEC_WAIT_S
+    while True:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                parts = [p.decode(errors="replace") for p in f.read().split(b"\0") if p]
+        except OSError:
+            return f"pid {pid}"
+        if parts:
+            return " ".join(parts)
+        if time.monotonic() > end:
+            try:
+                return f"{os.path.basename(os.readlink(f'/proc/{pid}/exe'))} (pid {pid})"
+            except OSError:
+                return f"pid {pid}"
+        time.sleep(0.005)
 
 
 def _kill(pid: int, group: bool = False) -> None:
