@@ -98,10 +98,10 @@ def test_history_passes_unchanged_and_fails_4x_slower(pytester, monkeypatch):
         _run(pytester, "-k", "step", "--mgpu-save-baselines")
     _pad_history(path, key, 8, spread=LOADED)
     for _ in range(2):  # unchanged reruns pass
-        result = _run(pytester, "-k", "step", "--mgpu-report=rerun.json")
+        result = _run(pytester, "-k", "step")
         assert result.ret == 0, result.stdout.str()
         result.stdout.fnmatch_lines(["*mm*single*1*(n=8)*"])
-        (d,) = json.loads((pytester.path / "rerun.json").read_text())["measurements"]
+        (d,) = json.loads((pytester.path / "s.json").read_text())["measurements"]
         # the run passed (above); what an unchanged step must never be is "slower". A burst of load
         # can make it "unconfirmed" (flagged, then not by the re-measurement: +339% once at load 8)
         # or "faster" (the in-run reference slowed by the burst): both pass, by design
@@ -109,7 +109,7 @@ def test_history_passes_unchanged_and_fails_4x_slower(pytester, monkeypatch):
 
     _pad_history(path, key, 8, spread=QUIET)
     monkeypatch.setenv("MGPU_TEST_SLOW", "1")
-    result = _run(pytester, "-k", "step", "--mgpu-report=judged.json")
+    result = _run(pytester, "-k", "step")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines([
         "*timing regression:*",
@@ -117,7 +117,7 @@ def test_history_passes_unchanged_and_fails_4x_slower(pytester, monkeypatch):
         f"reference-normalized ratio x*, threshold +10%, confidence *; re-measured: +*; baseline: {path.name}*",
         "*SLOWER (failed)*",
     ])
-    (d,) = json.loads((pytester.path / "judged.json").read_text())["measurements"]
+    (d,) = json.loads((pytester.path / "s.json").read_text())["measurements"]
     assert d["verdict"]["status"] == "slower" and d["remeasured"] >= 1 and d["verdict"]["x_again"] is not None
 
 

@@ -288,6 +288,7 @@ class RevisionLane:
         self.worktrees = Worktrees(rev)
         self._sets: Tuple[Launcher, ...] = ()
         self.store = StoreServer()  # where the two sides hand turns over
+        self.no_swap = ""  # why the sets keep their roles, once a swap failed: for the rest of the session
 
     def sets(self) -> Tuple[Launcher, ...]:
         """The two launchers of warm ranks that take turns (one pool per world size each)."""
@@ -321,18 +322,18 @@ class RevisionLane:
         spec = dist.spec(1 if single_process else dist.world_size, timeout)
         head = Version("head", ref)
         base = Version("base", FnRef(ref.module, ref.qualname, base_file or ref.file), checkout.path_first(sys.path))
-        note = ""
+        forget = (checkout.repo, checkout.path)
         try:
             try:
                 duet = run_duet(head, base, self.sets(), spec, payload, loop, budget, self.store,
-                                threshold=self.threshold, forget=(checkout.repo, checkout.path))
-            except SwapFailed as exc:
+                                threshold=self.threshold, forget=forget, swap=not self.no_swap)
+            except SwapFailed as exc:  # the module fails the same way in every later measurement
                 self.forget_sets()
-                note = (f"measured without swapping the sets of ranks, so a set's own speed is not cancelled: "
-                        f"after the swap a rank failed ({exc}); a module of the repository that cannot be "
-                        "imported twice in one process does that")
+                self.no_swap = (f"measured without swapping the sets of ranks, so a set's own speed is not "
+                                f"cancelled: after a swap a rank failed ({exc}); a module of the repository "
+                                "that cannot be imported twice in one process does that")
                 duet = run_duet(head, base, self.sets(), spec, payload, loop, budget, self.store,
-                                threshold=self.threshold, forget=(checkout.repo, checkout.path), swap=False)
+                                threshold=self.threshold, forget=forget, swap=False)
         except BaseFailed as exc:
             self.forget_sets()  # the head's ranks were ended if the base failed while they took turns
             return self._unjudged(result, RevisionStatus.BASE_FAILED, f"{checkout.label}'s code failed: {exc}")
@@ -343,8 +344,8 @@ class RevisionLane:
             return self._unjudged(result, RevisionStatus.NEW, f"new in this change: {ref.qualname} cannot be "
                                                               f"imported at {checkout.label} ({duet.missing})")
         verdict = judge_pairs(duet.head, duet.base, self.threshold, duet.blocks)
-        if note:
-            verdict = dataclasses.replace(verdict, note="; ".join(n for n in (verdict.note, note) if n))
+        if self.no_swap:
+            verdict = dataclasses.replace(verdict, note="; ".join(n for n in (verdict.note, self.no_swap) if n))
         return dataclasses.replace(
             result, verdict=verdict,
             head_median_s=statistics.median(duet.head_samples), base_median_s=statistics.median(duet.base_samples),
