@@ -140,7 +140,10 @@ class Redirect:
                 f"the test gpu{world_size} / world_sizes({world_size})")
         backend = self._runnable(backend)
         if device_id is not None and ctx.device_type != "cuda":
-            device_id = None  # a CUDA device on emulated CPU ranks
+            self._note(f"init_process_group(device_id={device_id!r}) was dropped: these ranks run on the CPU, "
+                       "and device_id binds a process group to an accelerator (torchrun on CPU rejects "
+                       "device_id=torch.device('cpu')); pass device_id only when the device is an accelerator")
+            device_id = None
         if self._store is None:
             self._store = tdist.TCPStore(self.host, self.port, is_master=False, wait_for_workers=False,
                                          timeout=timeout or timedelta(seconds=300))

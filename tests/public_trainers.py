@@ -44,9 +44,9 @@ class MyTrainDataset(Dataset):
 def ddp_setup(rank, world_size, gpu=False):
     os.environ["MASTER_ADDR"] = "localhost"
     os.environ["MASTER_PORT"] = "12355"
-    if gpu:
+    if gpu is True:
         torch.cuda.set_device(rank)
-    init_process_group(backend="nccl" if gpu else "gloo", rank=rank, world_size=world_size)
+    init_process_group(backend="nccl" if gpu is True else "gloo", rank=rank, world_size=world_size)
 
 
 def load_train_objs(size=256, dropout=0.0):
@@ -119,7 +119,11 @@ def multigpu_main(rank, world_size, save_every, total_epochs, batch_size, gpu=Fa
     ddp_setup(rank, world_size, gpu)
     dataset, model, optimizer = load_train_objs(size, 0.1 if bug == "dropout" else 0.0)
     train_data = prepare_dataloader(dataset, batch_size, bug)
-    device = rank if gpu else (torch.device("cuda", rank) if torch.cuda.is_available() else torch.device("cpu"))
+    if gpu == "accelerator":  # today's tutorials: the build's accelerator, which says cuda on a CUDA build
+        acc = torch.accelerator.current_accelerator()
+        device = torch.device(f"{acc}:{rank}") if acc is not None else torch.device("cpu")
+    else:
+        device = rank if gpu else (torch.device("cuda", rank) if torch.cuda.is_available() else torch.device("cpu"))
     trainer = Trainer(model, train_data, optimizer, device, save_every, bug, loss)
     trainer.train(total_epochs)
     destroy_process_group()

@@ -6,6 +6,7 @@ and 4; each bug fails with the hint that names it."""
 import functools
 
 import pytest
+import torch
 
 from pytest_mgpu import ParityError, RankFailure, StepCountError, world_sizes
 from tests import public_trainers as P
@@ -108,6 +109,20 @@ def test_gpu_written_mp_spawn_script_names_its_cuda_only_call(dist):
     assert "`torch.cuda.set_device(rank)`" in text and "pytest_mgpu.rank_device()" in text
     with pytest.raises(RankFailure, match=r"torch\.cuda\.set_device\(\.\.\.\) at public_trainers\.py"):
         dist.spawn(tutorial(dist.world_size, gpu=True))  # dist.spawn names it too
+
+
+@world_sizes(2)
+def test_a_device_chosen_by_torch_accelerator_is_named(dist):
+    """current_accelerator() says cuda on a CUDA build without a GPU: the line that chose it is named,
+    although the call that fails (model.to(device)) is elsewhere."""
+    if torch.accelerator.current_accelerator() is None:
+        pytest.skip("this torch build has no accelerator: current_accelerator() is None, the script runs on cpu")
+    with pytest.raises(RankFailure) as info:
+        dist.spawn(tutorial(dist.world_size, gpu="accelerator"))
+    text = str(info.value)
+    assert "a CUDA device chosen on an emulated CPU rank: torch.accelerator.current_accelerator() at " \
+           "public_trainers.py" in text, text
+    assert "current_accelerator(check_available=True)" in text
 
 
 @world_sizes(2)

@@ -97,6 +97,7 @@ TRACE = '''rank 1 raised RuntimeError: Found no NVIDIA driver on your system.
 
 @pytest.mark.parametrize("line,what", [
     ("torch.cuda.set_device(rank)", "torch.cuda.set_device(...)"),
+    ("torch.accelerator.set_device_index(rank)", "torch.accelerator.set_device_index(...)"),
     ("self.model = model.to(gpu_id)", ".to(<int>)"),
     ("self.model = DDP(model, device_ids=[gpu_id])", "DDP(..., device_ids=[...])"),
     ('x = torch.zeros(3, device="cuda")', 'a "cuda" device literal'),

@@ -146,3 +146,12 @@ def test_a_torchrun_rank_is_judged_from_what_it_said_of_itself():
     text = launcher._failure(spec, idle, started=True).format()
     assert "rank 0 did not finish within 3s (hung; the limit set by dist.run(timeout=3)): blocked in collective #1 " \
            "(barrier), 0.00s of CPU in the last 2.0s" in text
+
+
+def test_a_scatter_whose_list_is_on_its_root_only_is_not_a_disagreement():
+    # DTensor's distribute_tensor scatters from each group's root: the others pass no tensor list
+    traces = {r: rec("scatter", last_sizes=((2, 128, 64),) if r in (0, 2) else ()) for r in range(4)}
+    assert first_disagreement(traces) == ""
+    traces[2] = rec("scatter", last_sizes=((2, 128, 32),))  # two roots with other sizes still disagree
+    assert first_disagreement(traces) == (
+        "collective #1: rank 0 entered scatter with sizes [[2,128,64]], rank 2 entered scatter with sizes [[2,128,32]]")

@@ -11,7 +11,9 @@ names or input sizes differ, or where some rank never arrived, is the one to rep
     collective #4: rank 2 entered all_reduce with sizes [[3]], ranks 0, 1, 3 entered all_reduce with sizes [[4]]
 
 Ranks that are only slow (still computing, still starting) are not "never reached": they are behind,
-and the report says so elsewhere. A rank with no record (it died, the recorder was off) is left out.
+and the report says so elsewhere. A rooted collective (scatter, gather) carries its tensor list on its root
+alone, so an empty input there is not a disagreement: sizes and dtypes are compared among the ranks that
+passed some. A rank with no record (it died, the recorder was off) is left out.
 Plain Python; the same code reads gloo's recorder and NCCL's (the latter untested here: no GPU).
 """
 from __future__ import annotations
@@ -73,19 +75,42 @@ def _in_group(g: int, name: str, traces: Dict[int, Trace], behind: Set[int]) -> 
     return ""
 
 
+# Collectives whose tensor list exists on the root rank only (the others pass none).
+ROOTED = frozenset({"scatter", "gather"})
+
+
 def _mismatch(k: int, where: str, seen: Dict[int, Collective]) -> str:
     """Ranks that entered collective #k with other names, or other sizes (dtypes) of the same name."""
     if len(seen) < 2:
         return ""
-    for describe in (lambda c: c.op, lambda c: f"{c.op} with sizes {_sizes(c.sizes)}",
+    ops = {c.op for c in seen.values()}
+    if len(ops) > 1:
+        return _split(k, where, {r: c.op for r, c in seen.items()})
+    if ops & ROOTED:  # only the ranks that passed a tensor list can disagree on it
+        seen = {r: c for r, c in seen.items() if _given(c.sizes)}
+    for describe in (lambda c: f"{c.op} with sizes {_sizes(c.sizes)}",
                      lambda c: f"{c.op} with dtypes {', '.join(map(str, c.dtypes))}"):
-        by: Dict[str, List[int]] = {}
-        for r, c in sorted(seen.items()):
-            by.setdefault(describe(c), []).append(r)
-        if len(by) > 1:
-            parts = sorted(by.items(), key=lambda kv: (len(kv[1]), kv[1]))
-            return f"collective #{k}{where}: " + ", ".join(f"{ranks_words(rs)} entered {what}" for what, rs in parts)
+        said = _split(k, where, {r: describe(c) for r, c in seen.items()})
+        if said:
+            return said
     return ""
+
+
+def _split(k: int, where: str, what: Dict[int, str]) -> str:
+    by: Dict[str, List[int]] = {}
+    for r, w in sorted(what.items()):
+        by.setdefault(w, []).append(r)
+    if len(by) < 2:
+        return ""
+    parts = sorted(by.items(), key=lambda kv: (len(kv[1]), kv[1]))
+    return f"collective #{k}{where}: " + ", ".join(f"{ranks_words(rs)} entered {w}" for w, rs in parts)
+
+
+def _given(sizes) -> bool:
+    """Some tensor was passed: sizes not empty (nor a list of empty lists)."""
+    if isinstance(sizes, (list, tuple)):
+        return any(_given(s) if isinstance(s, (list, tuple)) else True for s in sizes)
+    return True
 
 
 def _never_reached(k: int, where: str, absent: List[int], present: List[int], seen: Dict[int, Collective],
