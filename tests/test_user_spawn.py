@@ -2,6 +2,10 @@
 init_process_group (hard-coded MASTER_PORT, tcp:// init_method, explicit rank/world_size, "nccl")
 joins this test's rendezvous, so fixed ports never collide, also under pytest-xdist."""
 
+import pytest
+
+from pytest_mgpu import world_sizes
+
 BODY = '''
 import os, pytest, warnings, torch, torch.distributed as tdist
 from torch.distributed import init_process_group, destroy_process_group
@@ -59,3 +63,17 @@ def test_spawn_fixed_ports_under_xdist_and_warm_ranks(subpytest):
     assert "6 passed" in out and "1 failed" in out, out
     assert "init_process_group(world_size=3) inside dist.spawn, but this test runs 2 rank(s)" in out
     assert subpytest.leftovers() == []
+
+
+def device_id_style(rank):
+    import torch
+    import torch.distributed as tdist
+
+    tdist.init_process_group("gloo", device_id=torch.device("cpu"))
+    return tdist.get_rank()
+
+
+@world_sizes(2)
+def test_a_dropped_device_id_is_said(dist):
+    with pytest.warns(RuntimeWarning, match=r"init_process_group\(device_id=device\(type='cpu'\)\) was dropped"):
+        assert dist.spawn(device_id_style) == [0, 1]
