@@ -43,6 +43,14 @@ class UserFacts(RunFacts):
     unstepped: Dict[str, List[str]] = field(default_factory=dict)  # side -> model params no optimizer steps
     set_epoch_calls: Dict[str, int] = field(default_factory=dict)  # side -> DistributedSampler.set_epoch calls
     frozen: Dict[str, int] = field(default_factory=dict)  # side -> steps its parameters never moved in
+    loop_notes: List[str] = field(default_factory=list)  # how the steps were recorded and the ranks judged
+    data_groups: List[List[int]] = field(default_factory=list)  # ranks sharing one batch (TP/SP peers)
+    rank_lrs: List[List[float]] = field(default_factory=list)  # per step: rank 0's learning rates
+    ref_lrs: List[List[float]] = field(default_factory=list)  # per step: the reference's
+    rank_clips: List[List[List[float]]] = field(default_factory=list)  # per step, per rank: clip factors
+    ref_clips: List[List[float]] = field(default_factory=list)  # per step: the reference's clip factors
+    nonfinite: Dict[str, List[str]] = field(default_factory=dict)  # side -> parameters not finite at step 0
+    tp_inputs_differ: bool = False  # tensor-parallel peers fed rows that are not one batch (rank-dependent)
 
 
 def replica_name(rank: int, name: str) -> str:
@@ -131,17 +139,10 @@ def _replica_grads_differ(report: Report) -> bool:
                                for e in first.errors)
 
 
-def _tp_rows_differ(f: UserFacts) -> bool:
-    """Tensor parallel with rank-dependent inputs: its replicated tensors differ because of the
-    inputs, which loop_hints names; 'not synchronized' would send the user the wrong way."""
-    first = f.rank_rows[0] if f.rank_rows else []
-    return f.tensor_parallel and any(rows != first[0] for rows in first[1:])
-
-
 def _replicas(report: Report, f: UserFacts) -> str:
     bad = [(s, e) for s, e, _ in report.failures() if _replica(e) is not None]
-    if not bad or _tp_rows_differ(f):
-        return ""
+    if not bad or f.tp_inputs_differ:
+        return ""  # tensor parallel with rank-dependent inputs: loop_hints names the inputs
     step, first = bad[0]
     ranks = sorted({_replica(e) for _, e in bad})
     kinds = {e.kind for s, e in bad if s == step}
@@ -153,6 +154,13 @@ def _replicas(report: Report, f: UserFacts) -> str:
                 "initialized differently per rank (a seed that depends on the rank, or random init "
                 "after seeding per rank) and never broadcast. Fix: seed every rank alike before "
                 "building the model, or broadcast rank 0's parameters (DDP's constructor does).")
+    if f.tensor_parallel:
+        return (f"gradients not reduced across the tensor-parallel group: {where}. A parameter kept whole on "
+                "every rank of a tensor/sequence-parallel mesh (a norm's weight under sequence parallelism, a "
+                "bias) gets only its own shard's part of the gradient on each rank, and the parts must be summed "
+                "over the group. Fix: put the module in parallelize_module's plan (SequenceParallel() for a norm "
+                "between sequence-sharded activations), so its weight becomes a Replicate DTensor whose gradient "
+                "is reduced, or all_reduce that gradient over the tp mesh's group before optimizer.step().")
     return (f"gradients are not synchronized between ranks: {where}. Each rank steps with its own "
             "shard's gradients: no all_reduce of the gradients, a no_sync() context left on, or a "
             "backward outside the DDP wrapper. Fix: all_reduce every gradient and divide by the world "

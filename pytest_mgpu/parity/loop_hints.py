@@ -17,28 +17,47 @@ from collections import Counter
 from typing import List
 
 from .hints import Report, UserFacts
+from .layout import Layout
+from .schedule_hints import clip_hint, schedule_hint
 from .recorder import SideLog
 from .vacuous import never_moved, zero_grads
 
 REFERENCE = "reference_fn"
 
 
-def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog) -> None:
+def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Layout) -> None:
     """Fill the loop evidence of ``facts`` from the sides' records (test process)."""
     steps = len(ref.steps)
     facts.ref_rows = [s.rows for s in ref.steps]
     facts.ref_losses = [s.loss for s in ref.steps]
     facts.rank_rows = [[side.steps[i].rows for side in ranks] for i in range(steps)]
-    facts.tensor_parallel = any(side.tensor_parallel for side in ranks)
+    facts.data_groups = layout.groups
+    facts.tensor_parallel = layout.tensor_parallel or any(side.tensor_parallel for side in ranks)
     facts.dropout = [f"{n} in {REFERENCE}" for n in ref.dropout] + \
         [f"{n} in fn on the ranks" for n in dict.fromkeys(n for side in ranks for n in side.dropout)]
     facts.rank_batchnorm = [] if facts.tensor_parallel else list(ranks[0].batchnorm)
+    facts.tp_inputs_differ = facts.tensor_parallel and any(
+        _tp_rows(facts, i, ref_rows, rows) for i, (ref_rows, rows) in enumerate(zip(facts.ref_rows, facts.rank_rows))
+        if ref_rows and all(rows))
+    facts.rank_lrs = [s.lrs for s in ranks[0].steps[:steps]]
+    facts.ref_lrs = [s.lrs for s in ref.steps]
+    facts.rank_clips = [[_factors(side.steps[i]) for side in ranks] for i in range(steps)]
+    facts.ref_clips = [_factors(s) for s in ref.steps]
     for who, side in [(REFERENCE, ref)] + [(f"fn on rank {r}", s) for r, s in enumerate(ranks)]:
         if side.foreign:
             facts.foreign[who], facts.unstepped[who] = list(side.foreign), list(side.unstepped)
         facts.set_epoch_calls[who] = side.set_epoch_calls
         if never_moved(side) and not zero_grads(side):
             facts.frozen[who] = len(side.steps)
+        bad = [n for n, t in (side.steps[0].params.items() if side.steps else ())
+               if t is not None and t.is_floating_point() and not bool(t.isfinite().all())]
+        if bad and not (who != REFERENCE and any(w != REFERENCE for w in facts.nonfinite)):
+            facts.nonfinite[who] = bad  # the reference, and the first rank that has some
+
+
+def _factors(step) -> List[float]:
+    """The factor each gradient clipping of a step scaled the gradients by (1: under max_norm)."""
+    return [min(1.0, m / (n + 1e-6)) if math.isfinite(n) else math.nan for n, m in step.clips]
 
 
 def loop_hints(report: Report) -> List[str]:
@@ -47,8 +66,8 @@ def loop_hints(report: Report) -> List[str]:
     if not isinstance(f, UserFacts) or not f.ref_rows:
         return []
     epochs, rows, scaled = _epochs(f), _rows(f), _loss_factor(f)
-    hints = [scaled, epochs, rows, _elsewhere(f), _frozen(f)]
-    if not (rows or epochs or scaled or f.dropout):
+    hints = [_nonfinite(f), scaled, epochs, rows, _elsewhere(f), _frozen(f), schedule_hint(f), clip_hint(f)]
+    if not any(hints) and not f.dropout:
         hints.append(_same_params_other_loss(report))
     return [h for h in hints if h]
 
@@ -57,42 +76,82 @@ def _key(rows: List[float]) -> Counter:
     return Counter(float(f"{v:.12g}") for v in rows)
 
 
+def _group_rows(f: UserFacts, ranks: List[List[float]]) -> List[List[float]]:
+    """One list of rows per data group: a group of tensor-parallel peers trains one batch (each peer
+    the same rows, or its own shard of the rows under sequence parallelism)."""
+    groups = f.data_groups or [[r] for r in range(len(ranks))]
+    out = []
+    for g in groups:
+        peers = [ranks[r] for r in g if r < len(ranks)]
+        same = all(_key(p) == _key(peers[0]) for p in peers[1:])
+        out.append(list(peers[0]) if same else [v for p in peers for v in p])
+    return out
+
+
 def _rows(f: UserFacts) -> str:
     """The first step at which the rows tell something is off, and what."""
-    w = f.world_size
     for step, (ref, ranks) in enumerate(zip(f.ref_rows, f.rank_rows)):
         if not ref or not all(ranks):
             continue
-        first = _key(ranks[0])
-        differs = [r for r in range(1, w) if _key(ranks[r]) != first]
-        if f.tensor_parallel:
-            if differs:
-                return (f"rank-dependent inputs to a tensor-parallel model: its parameters are DTensors "
-                        f"sharded across the ranks, so every rank must feed the same batch, but at step {step} "
-                        f"rank(s) {', '.join(map(str, differs))} fed other rows than rank 0. A DistributedSampler, "
-                        "a seed or a data slice that depends on the rank does that (for tensor parallel, the "
-                        "same loss on every rank is expected). Fix: give every rank of a tensor-parallel group the "
-                        "same batch (no DistributedSampler across it, the same seed).")
+        said = _tp_rows(f, step, ref, ranks) if f.tensor_parallel else ""
+        groups = _group_rows(f, ranks)
+        said = said or _dp_rows(step, ref, groups, len(ranks))
+        if said:
+            return said
+    return ""
+
+
+def _tp_rows(f: UserFacts, step: int, ref: List[float], ranks: List[List[float]]) -> str:
+    """Peers of a tensor-parallel group must train one batch: the same rows, or (sequence-sharded
+    inputs) shards that together are rows of the reference."""
+    for g in f.data_groups:
+        peers = [r for r in g if r < len(ranks)]
+        differs = [r for r in peers[1:] if _key(ranks[r]) != _key(ranks[peers[0]])]
+        if not differs:
             continue
-        if w > 1 and not differs and len(ranks[0]) > 0:
-            return (f"the data is not sharded: at step {step} every one of the {w} ranks trained on the same "
-                    f"{len(ranks[0])} rows, so the ranks repeat each other's samples. Fix: give the DataLoader "
-                    "sampler=DistributedSampler(dataset) (and call sampler.set_epoch(epoch) every epoch), so "
-                    "that each rank gets its own shard.")
-        sizes = [len(r) for r in ranks]
-        if sum(sizes) != len(ref):
-            return (f"the sides train on batches of another size: at step {step} the ranks trained on "
-                    f"{' + '.join(map(str, sizes))} = {sum(sizes)} rows, the reference on {len(ref)}. The global "
-                    f"batch is the ranks' batches together: give the one-device loop batch_size x world_size "
-                    f"({sizes[0]} x {w} = {sizes[0] * w}), or each rank batch_size // world_size.")
-        missing = sum((_key(ref) - sum((_key(r) for r in ranks), Counter())).values())
-        if missing:
-            return (f"the sides saw different batches at step {step}: {missing} of the reference's {len(ref)} rows "
-                    "are on no rank. The ranks' samplers draw another order than the reference's (a "
-                    "DistributedSampler shuffles with its seed and epoch; a shuffling DataLoader with the global "
-                    "random state), or the data differs. Fix: draw the reference's batches as the ranks' shards "
-                    "together, e.g. DistributedSampler(dataset, num_replicas=1, rank=0) with the same shuffle, "
-                    "seed and set_epoch, and batch_size x world_size.")
+        together = sum((_key(ranks[r]) for r in peers), Counter())
+        if not (together - _key(ref)):
+            continue  # each peer a shard of the reference's rows: sequence-sharded input, by design
+        return (f"rank-dependent inputs to a tensor-parallel model: ranks {', '.join(map(str, peers))} share its "
+                f"parameters as DTensors, so they must feed one batch, but at step {step} rank(s) "
+                f"{', '.join(map(str, differs))} fed other rows than rank {peers[0]}. A DistributedSampler, a seed "
+                "or a data slice that depends on the rank does that. Fix: give every rank of a tensor-parallel "
+                "group the same batch (shard the data over the data-parallel dimension only, the same seed).")
+    return ""
+
+
+def _dp_rows(step: int, ref: List[float], groups: List[List[float]], world: int) -> str:
+    """The data-parallel groups' rows against the reference's batch."""
+    first = _key(groups[0])
+    if len(groups) > 1 and all(_key(g) == first for g in groups[1:]):
+        if not (_key(ref) - first):
+            return ""  # every group and the reference train the same rows: the same batch by design
+        return (f"the data is not sharded: at step {step} every one of the {len(groups)} data-parallel ranks trained "
+                f"on the same {len(groups[0])} rows while the reference trained on {len(ref)}, so the ranks repeat "
+                "each other's samples. Fix: give the DataLoader sampler=DistributedSampler(dataset) (and call "
+                "sampler.set_epoch(epoch) every epoch), so that each rank gets its own shard.")
+    sizes = [len(g) for g in groups]
+    if sum(sizes) != len(ref):
+        who = "ranks" if len(groups) == world else "data-parallel groups"
+        return (f"the sides train on batches of another size: at step {step} the {who} trained on "
+                f"{' + '.join(map(str, sizes))} = {sum(sizes)} rows, the reference on {len(ref)}. The global "
+                f"batch is the data-parallel ranks' batches together: give the one-device loop batch_size x "
+                f"{len(groups)} ({sizes[0]} x {len(groups)} = {sizes[0] * len(groups)}), or each rank "
+                f"batch_size // {len(groups)}.")
+    missing = sum((_key(ref) - sum((_key(g) for g in groups), Counter())).values())
+    if missing:
+        return (f"the sides saw different batches at step {step}: {missing} of the reference's {len(ref)} rows "
+                "are on no rank. The ranks' samplers draw another order than the reference's (a "
+                "DistributedSampler shuffles with its seed and epoch; a shuffling DataLoader with the global "
+                "random state), or the data differs. Fix: draw the reference's batches as the ranks' shards "
+                "together, e.g. DistributedSampler(dataset, num_replicas=1, rank=0) with the same shuffle, "
+                "seed and set_epoch, and batch_size x world_size.")
+    if len(set(sizes)) > 1:
+        return (f"unequal shards: at step {step} the data-parallel ranks trained on {'/'.join(map(str, sizes))} "
+                f"rows ({sum(sizes)} in all, the reference's batch). DDP and FSDP average the ranks' gradients with "
+                "equal weight, so with each rank's mean loss a row on a smaller shard counts more than one on a "
+                f"larger. Fix: an even split (drop_last=True, or a batch divisible by {len(groups)}), or weight each "
+                "rank's loss by its rows: loss * local_rows * world_size / global_rows.")
     return ""
 
 
@@ -110,11 +169,30 @@ def _epochs(f: UserFacts) -> str:
     if bool(ref) == bool(ranks):
         return ""  # neither repeats, or both alike: they agree on the order
     who, step = (REFERENCE, ref) if ref else ("fn on rank 0", ranks)
-    never = " (it never calls DistributedSampler.set_epoch)" if not f.set_epoch_calls.get(who) else ""
+    if f.set_epoch_calls.get(who):
+        return (f"data repeated: at step {step} {who} trained on exactly the rows of step 0 again, while the other "
+                "side went on to new rows; it calls DistributedSampler.set_epoch, so its data iterator started "
+                "over (a loop restarted after loading a checkpoint, or an epoch counter reset) instead of resuming "
+                "where it stopped. Fix: restore the epoch and the position in it with the checkpoint (set_epoch "
+                "with the saved epoch, and skip the batches already trained).")
+    never = " (it never calls DistributedSampler.set_epoch)"
     return (f"the shuffle order repeats across epochs: at step {step} {who} trained on exactly the rows of step 0 "
             f"again{never}, while the other side reshuffled. A DistributedSampler shuffles with seed + epoch, "
             "so without set_epoch every epoch repeats the first one's order. Fix: call sampler.set_epoch(epoch) "
             "at the start of every epoch, on every side.")
+
+
+def _nonfinite(f: UserFacts) -> str:
+    """Parameters not finite before the first update: uninitialized memory, named before the rest."""
+    if not f.nonfinite:
+        return ""
+    who = sorted(f.nonfinite, key=lambda w: w != REFERENCE)[-1]
+    names = f.nonfinite[who]
+    return (f"non-finite weights at step 0: in {who}, {len(names)} parameter(s) hold inf or NaN before any update "
+            f"({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}). That is memory never initialised: a model "
+            "built on the meta device and moved with to_empty(), whose reset_parameters()/init_weights() does "
+            "not reset every module, or a checkpoint holding NaN. Fix: initialise every parameter after "
+            "to_empty() (model.apply(init) over all submodules), then compare.")
 
 
 def _elsewhere(f: UserFacts) -> str:
@@ -144,8 +222,8 @@ def _frozen(f: UserFacts) -> str:
 def _loss_factor(f: UserFacts) -> str:
     """The scalar backpropagated on the ranks is the world size (or its inverse) times the
     reference's at step 0: a loss scaled before backward (clipping can hide it in the gradients)."""
-    if f.world_size < 2 or not f.rank_losses or not f.ref_losses:
-        return ""
+    if f.world_size < 2 or not f.rank_losses or not f.ref_losses or f.tensor_parallel:
+        return ""  # tensor/sequence-parallel peers hold parts of one loss: no replica mean to scale
     mean, ref = sum(f.rank_losses[0]) / f.world_size, f.ref_losses[0]
     if not (ref and math.isfinite(ref) and math.isfinite(mean)):
         return ""

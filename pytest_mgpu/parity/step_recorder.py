@@ -12,14 +12,19 @@ swallow it; every rank takes the same steps, so every rank stops at the same poi
 step's collectives have completed.
 
 An optimizer step inside another (ZeroRedundancyOptimizer steps its local optimizer) is one step.
+A step that cannot train is not counted (``SideLog.uncounted``): every learning rate 0, or every
+gradient zero and no parameter changed, as when DCP's ``set_optimizer_state_dict``
+creates the optimizer's state with one ``step()``. The loss of a step is every scalar
+backpropagated since the previous step (``watch.Inputs.loss``): gradient accumulation included.
 """
 from __future__ import annotations
 
 import contextlib
 from typing import Callable, Dict, List, Optional, Tuple
 
+from .mesh import tp_peers
 from .recorder import SideLog, StepLog, clean_name, describe, dtype_name, fsdp1_full_params, full_copy, unwrap
-from .watch import Watch
+from .watch import Inputs, Watch
 
 
 class StopTraining(BaseException):
@@ -47,6 +52,10 @@ class StepRecorder:
         self.side = SideLog()
         self._depth = 0
         self._names: Dict[int, Tuple[tuple, Dict[int, str]]] = {}  # id(optimizer) -> (param ids, names)
+        self._lr_zero = False  # the step under way has every lr 0: it cannot train
+        self._before: Optional[Dict[str, object]] = None  # local params where every gradient was zero
+        self._seen: Optional[Inputs] = None  # what the step under way saw
+        self._aside: List[StepLog] = []  # steps that changed nothing: not counted
 
     @contextlib.contextmanager
     def installed(self):
@@ -65,34 +74,71 @@ class StepRecorder:
         if self._depth > 1:
             return
         named = self._named(optimizer)
+        lrs = [float(g["lr"]) for g in optimizer.param_groups if "lr" in g]
+        self._lr_zero = bool(lrs) and not any(lrs)
+        models = self._owners(named)
         with contextlib.ExitStack() as stack:
-            for _, root in self.models:
+            for _, root in models:
                 stack.enter_context(fsdp1_full_params(root))
             grads = {n: full_copy(p.grad) for n, p in named}
             params = {n: full_copy(p) for n, p in named}
+        if any(g is not None for g in grads.values()) and all(g is None or not bool(g.any()) for g in grads.values()):
+            self._before = {n: _local(p).detach().clone() for n, p in named}
         if not self.side.steps:
-            describe(self.side, self.models, params)
+            describe(self.side, models, params)
+            self.side.tp_peers = tp_peers([unwrap(root) for _, root in models])
             self.side.autocast = self.watch.autocast
             self.side.loss_dtype = dtype_name(self.watch.loss.dtype) if self.watch.loss is not None else ""
-        rows = self.watch.take_inputs().rows
-        self.side.steps.append(StepLog(self.watch.loss_value(), grads, params, rows))
+        seen = self._seen = self.watch.take_inputs()
+        self.side.steps.append(StepLog(seen.loss(), grads, params, seen.rows, len(seen.losses), lrs, seen.clips))
         if self.on_first and len(self.side.steps) == 1:
             self.on_first(self.side)
 
     def _post(self, optimizer, args, kwargs) -> None:
         self._depth -= 1
-        if self._depth > 0 or len(self.side.steps) < self.steps:
+        if self._depth > 0:
             return
+        if self._changed_nothing(optimizer):
+            self._aside.append(self.side.steps.pop())
+            self.side.uncounted += 1
+            if self._seen is not None:
+                self.watch.put_back(self._seen)  # its loss and rows belong to the next step
+            if self.side.steps or len(self._aside) < self.steps:
+                return
+            # every step so far changed nothing: they are the run (and nothing_compared says so)
+            self.side.steps, self.side.uncounted = self._aside[:self.steps], 0
+        elif len(self.side.steps) < self.steps:
+            return
+        named = self._named(optimizer)
         with contextlib.ExitStack() as stack:
-            for _, root in self.models:
+            for _, root in self._owners(named):
                 stack.enter_context(fsdp1_full_params(root))
-            self.side.final = {n: full_copy(p) for n, p in self._named(optimizer)}
+            self.side.final = {n: full_copy(p) for n, p in named}
         raise StopTraining(f"stopped after optimizer step {self.steps}")
 
+    def _changed_nothing(self, optimizer) -> bool:
+        """Every lr 0, or every gradient zero and every parameter as it was before the step."""
+        import torch
+
+        before, self._before = self._before, None
+        if self._lr_zero:
+            return True
+        return before is not None and all(torch.equal(_local(p), before[n]) for n, p in self._named(optimizer))
+
     # -- names ----------------------------------------------------------------------------------
-    @property
-    def models(self) -> List[Tuple[str, object]]:
-        return prefixed(self.watch.model_roots())
+    def _owners(self, named: List[Tuple[str, object]]) -> List[Tuple[str, object]]:
+        """The models whose parameters this optimizer steps (as named by ``_named``)."""
+        return self._models_of([p for _, p in named])
+
+    def _models_of(self, params: List[object]) -> List[Tuple[str, object]]:
+        """(name prefix, model) of the models run forward that own some of ``params`` (all of them
+        where none does). A model rebuilt in the same process (reloaded from a checkpoint) leaves the
+        first one among the roots: only the models an optimizer steps name its parameters, so the
+        rebuilt one takes no class prefix."""
+        ids = {id(p) for p in params}
+        roots = self.watch.model_roots()
+        owners = [r for r in roots if any(id(p) in ids for p in unwrap(r).parameters())]
+        return prefixed(owners or roots)
 
     def _named(self, optimizer) -> List[Tuple[str, object]]:
         """The optimizer's parameters under their model names (computed once per optimizer)."""
@@ -108,7 +154,7 @@ class StepRecorder:
     def _name_map(self, params: List[object]) -> Dict[int, str]:
         owned: Dict[int, str] = {}
         trained: List[Tuple[str, object]] = []
-        for prefix, root in self.models:
+        for prefix, root in self._models_of(params):
             for n, p in unwrap(root).named_parameters():
                 if id(p) not in owned:
                     owned[id(p)] = prefix + clean_name(n)
@@ -133,3 +179,8 @@ class StepRecorder:
         if [tuple(p.shape) for p in foreign] == [tuple(p.shape) for _, p in unstepped]:
             return {id(p): n for p, (n, _) in zip(foreign, unstepped)}
         return {}
+
+
+def _local(p):
+    """This rank's part of a parameter (a DTensor's local shard): compared without a collective."""
+    return p.to_local() if hasattr(p, "to_local") else p

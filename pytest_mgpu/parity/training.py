@@ -24,6 +24,7 @@ from ..launch.errors import RankFailure
 from .distance import compare, tensor_error
 from .engine import ParityError, ParityReport, judge
 from .hints import UserFacts, replica_name
+from .layout import Layout
 from .loop_hints import side_facts
 from .loops import Gaps, LoopJob, Record, SideResult, run_loop
 from .recorder import SideLog
@@ -69,7 +70,7 @@ def assert_same_training(dist, fn, reference_fn, *args, steps: int = 3, record: 
     plan = getattr(dist, "plan", None)
     where = plan.describe() if plan is not None else f"{dist.world_size} x {dist.device_type}"
     report = judge(result, result.facts.strategy, dist.world_size, where, rtol, atol, False)
-    report.notes += ref.floor_notes
+    report.notes += result.facts.loop_notes + ref.floor_notes
     vacuous = nothing_compared([("reference_fn", ref.side)] + [(f"fn on rank {r}", s.side) for r, s in enumerate(ranks)])
     if vacuous:
         raise ParityError(vacuous + ("" if report.passed else "\n\n" + report.failure_message()), report)
@@ -119,14 +120,16 @@ def _check_counts(sides: List[Tuple[str, SideLog]], steps: int, record: str, wor
 
 
 def compare_sides(ranks: List[SideLog], ref: SideResult, name: str) -> RankResult:
-    """Per-step errors: ranks' mean loss and rank 0 against the reference, ranks against rank 0."""
+    """Per-step errors: the ranks' loss (combined as their layout holds it) and each stage's first
+    rank against the reference, every other rank against its stage's first (replicas)."""
     import torch
 
     world = len(ranks)
+    layout = Layout.of(ranks)
     facts = UserFacts(strategy=f"{name} (your training loop)", world_size=world, microbatches=world,
                       exact_note="the ranks sum gradients over shards in another order than one device",
                       resynced=False)
-    side_facts(facts, ranks, ref.side)
+    side_facts(facts, ranks, ref.side, layout)
     facts.dtype = lowest_precision(ranks + [ref.side])
     records = []
     for step, want in enumerate(ref.side.steps):
@@ -134,15 +137,52 @@ def compare_sides(ranks: List[SideLog], ref: SideResult, name: str) -> RankResul
         shadow = ref.shadow[step] if step < len(ref.shadow) else {}
         twin = ref.twin[step] if step < len(ref.twin) else {}
         facts.rank_losses.append([s.loss for s in logs])
-        loss = torch.tensor(sum(s.loss for s in logs) / world, dtype=torch.float64)
-        rec = StepRecord(step, [tensor_error("loss", "loss", loss, torch.tensor(want.loss, dtype=torch.float64))])
-        for kind, got, ref_t in (("grad", logs[0].grads, want.grads), ("param", logs[0].params, want.params)):
-            rec.errors += compare(kind, got, ref_t)
-            for r in range(1, world):
-                rec.errors += replicas(kind, r, getattr(logs[r], kind + "s"), got)
+        loss = layout.loss(step, logs)
+        rec = StepRecord(step, [] if loss is None else [
+            tensor_error("loss", "loss", torch.tensor(loss, dtype=torch.float64),
+                         torch.tensor(want.loss, dtype=torch.float64))])
+        for kind in ("grad", "param"):
+            rec.errors += _against_reference(kind, layout, logs, getattr(want, kind + "s"))
         _attach(rec.errors, shadow, twin)
         records.append(rec)
+    facts.loop_notes = loop_notes(ranks, ref.side, layout)
     return RankResult(records, facts)
+
+
+def _against_reference(kind: str, layout: Layout, logs: List, want: Dict) -> List[TensorError]:
+    """Each stage's first rank against its part of the reference (all of it without a pipeline);
+    the reference's tensors that no stage holds are missing; the other ranks against their stage's
+    first, as replicas."""
+    out: List[TensorError] = []
+    held: set = set()
+    for stage in layout.stages:
+        got = getattr(logs[stage[0]], kind + "s")
+        held.update(got)
+        part = want if not layout.pipeline else {n: t for n, t in want.items() if n in got}
+        out += compare(kind, got, part)
+        for r in stage[1:]:
+            out += replicas(kind, r, getattr(logs[r], kind + "s"), got)
+    if layout.pipeline:
+        out += compare(kind, {}, {n: t for n, t in want.items() if n not in held})
+    return out
+
+
+def loop_notes(ranks: List[SideLog], ref: SideLog, layout: Layout) -> List[str]:
+    """What the report says of how the steps were recorded and the ranks judged."""
+    notes = []
+    for who, side in [("fn on the ranks", s) for s in ranks[:1]] + [("reference_fn", ref)]:
+        if side.uncounted:
+            notes.append(f"not counted: {side.uncounted} optimizer.step() that changed nothing (state "
+                         f"initialisation, e.g. DCP set_optimizer_state_dict), in {who}")
+        multi = sorted({s.backwards for s in side.steps if s.backwards > 1})
+        if multi:
+            notes.append(f"{who}: steps recorded with {' or '.join(map(str, multi))} backward passes each (gradient "
+                         "accumulation): a step's loss is the sum of the losses backpropagated since the previous "
+                         "step, as its gradient is")
+    how = layout.describe()
+    if how:
+        notes.append(f"judged by what each rank holds: {how}")
+    return notes + layout.notes
 
 
 def lowest_precision(sides: List[SideLog]) -> str:

@@ -5,8 +5,9 @@ whether it called ``DistributedSampler.set_epoch``, and whether autocast was on.
 Why global hooks: the loop is the user's, unchanged (an ``mp.spawn`` entry, an epoch-based
 ``Trainer``); nothing in it names its model, loss or sampler to us. Torch offers module-wide
 forward hooks (``register_module_forward_pre_hook``), and every ``loss.backward()`` goes through
-``torch.autograd.backward``; those two, and ``DistributedSampler.set_epoch``, are all we patch, and
-only while the loop runs.
+``torch.autograd.backward``; those two, ``DistributedSampler.set_epoch`` and
+``torch.nn.utils.clip_grad_norm_`` (the norm each side clipped with) are all we patch, and only while
+the loop runs.
 
 The input rows are fingerprinted (one float64 per row: the row's dot product with a fixed vector),
 so the test process can tell, from the numbers alone, whether the ranks' rows together are the
@@ -20,16 +21,31 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 
 @dataclass
 class Inputs:
-    """The rows one step's forward calls saw (outermost modules with parameters only)."""
+    """What one step saw before its ``optimizer.step()``: the rows its forward calls took
+    (outermost modules with parameters only), the scalars it backpropagated, its gradient clipping."""
 
     rows: List[float] = field(default_factory=list)  # one fingerprint per input row
     calls: int = 0  # forward calls of the trained model(s) in this step (micro-batches, accumulation)
+    losses: List[float] = field(default_factory=list)  # every scalar backpropagated since the last step
+    pipeline: bool = False  # backpropagated by a torch.distributed.pipelining schedule (per micro-batch)
+    clips: List[Tuple[float, float]] = field(default_factory=list)  # (total norm, max_norm) per clip call
+
+    def loss(self) -> float:
+        """The step's loss, combined as its gradients are: the sum of the scalars backpropagated
+        (a loop that accumulates divides them itself); a pipeline schedule backpropagates each
+        micro-batch's loss undivided and scales the gradients by 1/n instead, so there the mean.
+        NaN where nothing was backpropagated (a pipeline stage that holds no loss)."""
+        if not self.losses:
+            return math.nan
+        total = math.fsum(self.losses)
+        return total / len(self.losses) if self.pipeline else total
 
 
 def fingerprint(x) -> List[float]:
@@ -106,20 +122,43 @@ class Watch:
         def observed_backward(tensors, *args, **kwargs):
             t = tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else tensors
             if isinstance(t, torch.Tensor) and t.numel() == 1 and torch._C._current_autograd_node() is None:
-                watch.loss = t.detach()
+                watch.saw_loss(t.detach(), sys._getframe(1).f_globals.get("__name__", ""))
             return backward(tensors, *args, **kwargs)
+
+        def observed_clip(parameters, max_norm, *args, **kwargs):
+            total = clip(parameters, max_norm, *args, **kwargs)
+            watch.saw_clip(total, max_norm)
+            return total
 
         def observed_set_epoch(sampler, epoch):
             watch.set_epoch_calls += 1
             return set_epoch(sampler, epoch)
 
+        clip = torch.nn.utils.clip_grad_norm_
         torch.autograd.backward, DistributedSampler.set_epoch = observed_backward, observed_set_epoch
+        torch.nn.utils.clip_grad_norm_ = torch.nn.utils.clip_grad.clip_grad_norm_ = observed_clip
         try:
             yield self
         finally:
             torch.autograd.backward, DistributedSampler.set_epoch = backward, set_epoch
+            torch.nn.utils.clip_grad_norm_ = torch.nn.utils.clip_grad.clip_grad_norm_ = clip
             for h in handles:
                 h.remove()
+
+    def put_back(self, seen: Inputs) -> None:
+        """A step that was not counted: what it saw belongs to the next one."""
+        now = self._inputs
+        self._inputs = Inputs(seen.rows + now.rows, seen.calls + now.calls, seen.losses + now.losses,
+                              seen.pipeline or now.pipeline, seen.clips + now.clips)
+
+    def saw_loss(self, loss, caller: str) -> None:
+        self.loss = loss
+        self._inputs.losses.append(float(loss.reshape(()).double().item()))
+        self._inputs.pipeline = self._inputs.pipeline or caller.startswith("torch.distributed.pipelining")
+
+    def saw_clip(self, total, max_norm) -> None:
+        norm = total.full_tensor() if hasattr(total, "full_tensor") else total
+        self._inputs.clips.append((float(norm), float(max_norm)))
 
     def loss_value(self) -> float:
         if self.loss is None:
