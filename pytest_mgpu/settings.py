@@ -72,12 +72,13 @@ TIMEOUT = Option(
     "mgpu_timeout", "--mgpu-timeout",
     "seconds one dist.run may take before its ranks are reported as hung and killed (default 300; "
     "ini mgpu_timeout; per call: dist.run(..., timeout=S)).",
-    ini_help="seconds per dist.run call: see --mgpu-timeout")
-SEED = Option("mgpu_seed", "--mgpu-seed", "seed of every rank (default 0)", ini_help="seed of every rank")
+    ini_help="seconds per dist.run call: see --mgpu-timeout", cli={"metavar": "S"})
+SEED = Option("mgpu_seed", "--mgpu-seed", "seed of every rank (default 0)", ini_help="seed of every rank",
+              cli={"metavar": "N"})
 MAX_CPU_RANKS = Option(
     "mgpu_max_cpu_ranks", "--mgpu-max-cpu-ranks",
     "largest world size emulated on CPU; larger tests are skipped (default 8)",
-    ini_help="largest world size emulated on CPU")
+    ini_help="largest world size emulated on CPU", cli={"metavar": "N"})
 ISOLATE = Option(
     "mgpu_isolate", "--mgpu-isolate",
     "fresh rank processes for every dist.run instead of warm reused ones (slower; also marker "
