@@ -28,6 +28,8 @@ ENV_FALLBACK: Final = "PYTEST_MGPU_FALLBACK"
 ENV_ISOLATE: Final = "PYTEST_MGPU_ISOLATE"
 ENV_REQUIRE_GPUS: Final = "PYTEST_MGPU_REQUIRE_GPUS"
 ENV_AGAINST: Final = "PYTEST_MGPU_AGAINST"
+ENV_EXTERNAL: Final = "PYTEST_MGPU_EXTERNAL"
+EXTERNAL_MODES: Final = ("auto", "on", "off")
 DEFAULT_TIMEOUT_S: Final = 300.0
 DEFAULT_TIMEOUT_SOURCE: Final = f"the default --mgpu-timeout of {DEFAULT_TIMEOUT_S:g}s"
 DEFAULT_SEED: Final = 0
@@ -70,12 +72,13 @@ TIMEOUT = Option(
     "mgpu_timeout", "--mgpu-timeout",
     "seconds one dist.run may take before its ranks are reported as hung and killed (default 300; "
     "ini mgpu_timeout; per call: dist.run(..., timeout=S)).",
-    ini_help="seconds per dist.run call: see --mgpu-timeout")
-SEED = Option("mgpu_seed", "--mgpu-seed", "seed of every rank (default 0)", ini_help="seed of every rank")
+    ini_help="seconds per dist.run call: see --mgpu-timeout", cli={"metavar": "S"})
+SEED = Option("mgpu_seed", "--mgpu-seed", "seed of every rank (default 0)", ini_help="seed of every rank",
+              cli={"metavar": "N"})
 MAX_CPU_RANKS = Option(
     "mgpu_max_cpu_ranks", "--mgpu-max-cpu-ranks",
     "largest world size emulated on CPU; larger tests are skipped (default 8)",
-    ini_help="largest world size emulated on CPU")
+    ini_help="largest world size emulated on CPU", cli={"metavar": "N"})
 ISOLATE = Option(
     "mgpu_isolate", "--mgpu-isolate",
     "fresh rank processes for every dist.run instead of warm reused ones (slower; also marker "
@@ -122,6 +125,20 @@ AGAINST = Option(
     ini_help="git revision to measure every dist.benchmark against: see --mgpu-against", env=ENV_AGAINST,
     cli={"metavar": "REV"})
 TIMING_OPTIONS: Final = (BASELINES, SAVE_BASELINES, REGRESSION, GATE, REPORT, PLOT, AGAINST)
+
+EXTERNAL = Option(
+    "mgpu_external", "--mgpu-external",
+    "join the job when pytest runs in ranks started by torchrun or srun: auto (default: when RANK, "
+    "WORLD_SIZE, MASTER_ADDR, MASTER_PORT or an srun step's SLURM_PROCID, SLURM_NTASKS are set), on, off. "
+    f"Also env {ENV_EXTERNAL}.",
+    ini=None, env=ENV_EXTERNAL, cli={"choices": EXTERNAL_MODES})
+RANK_LOGS = Option(
+    "mgpu_rank_logs", "--mgpu-rank-logs",
+    "under torchrun/srun, where ranks other than 0 write their pytest output (default: "
+    "<tmp>/pytest-mgpu-<job>/rankN.log); rank 0 reports for all",
+    ini=None, cli={"metavar": "DIR"})
+EXTERNAL_OPTIONS: Final = (EXTERNAL, RANK_LOGS)
+ALL_OPTIONS: Final = CORE_OPTIONS + TIMING_OPTIONS + EXTERNAL_OPTIONS
 
 
 def add_options(parser, group, options) -> None:
@@ -303,7 +320,7 @@ class TimingSettings:
 
     def mode_for(self, shared_cores: bool) -> Literal["fail", "warn"]:
         """What a regression does. ``auto`` fails on GPUs and on emulated CPU ranks alike (the
-        history rule holds its false-alarm rate on the shared machine, README), except under xdist,
+        history rule holds its false-alarm rate on the shared machine: docs/design/timing-gate.md), except under xdist,
         where tests time each other's load: there it only warns."""
         if self.gate == "auto":
             return "warn" if shared_cores else "fail"

@@ -1,7 +1,7 @@
 """Cause or consequence: which failed ranks to blame, decided by evidence, never by arrival order.
 
 When one rank of a group dies, its peers fail too: gloo says "Connection closed by peer" within
-0.02-1.2 s (MEASURED.md), often before the launcher has read the dead rank's exit status. Blaming the
+0.02-1.2 s (docs/design/failures.md), often before the launcher has read the dead rank's exit status. Blaming the
 first failure that arrived blamed a peer in 20 of 36 runs. So the launchers first wait (bounded) for
 every rank's outcome, then call ``attribute`` once with all of them:
 

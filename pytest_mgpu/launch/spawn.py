@@ -29,7 +29,7 @@ from .rendezvous import Rendezvous, StoreServer
 JOIN_S = 5.0  # how long a rank that sent its result gets to exit before it is killed
 # pytest: every test module a rank imports to find its function imports it. Preloaded once (0.13-0.18 s
 # after torch, measured at load 5) rather than by every rank of every rebuilt pool: a rebuilt 4-rank pool
-# was still importing it 6 s after it started at load 4-12 (MEASURED.md "Under load"), past short limits.
+# was still importing it 6 s after it started at load 4-12 (docs/design/failures.md, "Under load"), past short limits.
 # The ranks' own code never uses it.
 PRELOAD = ["numpy", "torch", "torch.distributed", "pytest", "pytest_mgpu.launch.rank", "pytest_mgpu.launch.worker"]
 

@@ -3,7 +3,7 @@ apart by evidence, never by the limit alone.
 
 Why: on a loaded 2-core CI machine (load 4-12) a single-process pipeline benchmark computing in
 autograd's backward ran past the 300 s limit and a freshly rebuilt 4-rank pool was still importing the
-test module after 6 s (MEASURED.md "Under load"); both were reported "hung", with a hint about
+test module after 6 s (docs/design/failures.md, "Under load"); both were reported "hung", with a hint about
 collectives that sent the user looking for a deadlock that was not there.
 
 The evidence, in the order it decides:

@@ -259,9 +259,9 @@ class BaselineStore:
 
     def stale_for(self, fp: Fingerprint) -> List[BaselineFile]:
         """Files keyed by an older fingerprint that names this machine's CPU model but not its
-        generation (no vendor/family/model/stepping, no ISA level: format-1 files of issue 13's time).
+        generation (no vendor/family/model/stepping, no ISA level: format-1 files written before those were part of the key).
         They may be this machine's or another generation's, so they judge nothing; ``STALE`` says
-        so instead of ignoring them in silence (issue 18)."""
+        so instead of ignoring them in silence."""
         if not fp.emulated or (fp.cpu_id is None and fp.isa is None):
             return []
         return [f for f in self._files() if f.fingerprint.emulated and f.fingerprint.cpu_id is None
@@ -270,7 +270,7 @@ class BaselineStore:
 
     def other_hardware(self, fp: Fingerprint) -> List[BaselineFile]:
         """Readable files of other hardware (not stale, not kin): they judge nothing here, but a
-        reader who sees "no baseline" next to a committed file must be told why (issue 18)."""
+        reader who sees "no baseline" next to a committed file must be told why."""
         stale = {f.path for f in self.stale_for(fp)}
         return [f for f in self._files() if f.path != self.path_for(fp) and f.path not in stale
                 and not f.fingerprint.same_hardware(fp)]

@@ -24,7 +24,7 @@ from .units import fmt_bytes, fmt_time
 if TYPE_CHECKING:
     from .revision import RevisionResult
 
-# Sanity limits of one measurement (issue 13: a split-size sweep gave a single-device median of
+# Sanity limits of one measurement (a split-size sweep gave a single-device median of
 # 2.916 s with an IQR of 1.9 s in one run and 298.7 ms in an identical one). Beyond these the
 # samples do not describe one speed: re-measure once, then mark the measurement unstable.
 UNSTABLE_IQR = 0.6  # IQR over the median (the report that asked for this: 65%)

@@ -6,7 +6,7 @@ decides a revision-lane row, in pytest and in ``python -m pytest_mgpu compare`` 
 Each pair is one batch of iterations on the head's ranks and one on the base's, seconds apart, in
 random order ("duet" benchmarking: randomized multiple interleaved trials, Abedi & Brecht 2017;
 Bulej et al. 2020). Both batches see the same load, so their ratio cancels the machine's drift that
-swamps comparisons between launches (MEASURED.md: a 25% heavier step measured 0.92-1.72x its base
+swamps comparisons between launches (docs/design/revision-lane.md: a 25% heavier step measured 0.92-1.72x its base
 between launches under load, 1.23-1.29x interleaved). Per pair the statistic is ln(head / base) of
 the batches' median iteration times (each iteration is its slowest rank's time, as in
 ``Measurement``); over the pairs it is the 20% trimmed mean, which keeps the mean's efficiency on a
@@ -28,7 +28,7 @@ speed-up at the threshold at once: the data cannot tell a regression from an imp
 width (a 3.5x slowdown measured at load 9 as x3.15..x4.27 is slower, not unstable). Power is not
 lost to the bound where the goal is set: for >= 95% power at +25% with t = 10%, the interval's lower
 end must clear +10%, which needs a standard error <= 0.030 and so a width of about 0.156 < 0.20. An
-unstable row is never slower or faster (issue 18: an unstable measurement is never called either),
+unstable row is never slower or faster (as an unstable history-lane measurement is never either),
 and fewer than MIN_PAIRS pairs are unstable whatever they say.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 warm ranks, one importing the working tree and one importing REV, interleaved under one time budget.
 
 Why: between separate launches a shared runner's speed moves more than the regressions a gate must
-catch (README, "Measured": log sd 0.10-0.70 between launches), and the in-run reference tracks that
+catch (docs/design/timing-gate.md: log sd 0.10-0.70 between launches), and the in-run reference tracks that
 drift only partly. Batches of the head and of the base taken seconds apart see the same machine, so
 their ratio cancels it; ``pairing`` judges the ratio of the pairs.
 

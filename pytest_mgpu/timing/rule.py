@@ -9,18 +9,18 @@ undecided.
 
 Why this and not Mann-Whitney on iterations (kept as information): on the shared 2-core machine the
 machine's speed moves between launches by far more than a step's iterations vary inside one launch
-(MEASURED.md; ``benchmarks/gate_power.py``), so a test on iterations of one stored launch judges the
+(docs/design/timing-gate.md; ``benchmarks/gate_power.py``), so a test on iterations of one stored launch judges the
 machine's mood: 26.5% false alarms per measurement. A prediction interval over many launches
 measures exactly that between-launch spread; dividing by the in-run reference removes the shared
 part of it. Measured (gate_power.py, 60 launches on the shared 2-core machine at load 12-18): the step's
 log-median spread between launches was 0.69, the reference's 0.36, their correlation 0.31, and x still
 spread 0.67; the previous rule gave 26.4% false alarms, this one 0% (and, at that noise, no power at
-+25%: README). On the same machine between jobs (load ~2) the reference tracked the step
++25%: docs/design/timing-gate.md). On the same machine between jobs (load ~2) the reference tracked the step
 (correlation 0.935), x spread 0.057: 0% false alarms, power 33% at +25% injected (+22% in x, just
 above the interval's edge at +20%) and 92% at +50%. The design was kept because its false-alarm control does not depend on the correlation
 (the interval is built from the measured spread of x, whatever it is), so the gate cannot turn a
 noisy runner into red builds, while on a quiet runner or GPUs, where the reference tracks the machine,
-the same rule gains the power the simulation in issue 13 showed (0.9% / 94% at correlation 0.95).
+the same rule gains the power a simulation of it showed (0.9% / 94% at correlation 0.95).
 
 Error control per SUITE run, not per measurement: a suite has about SUITE_SIZE measurements, so each
 stage uses ALPHA = SUITE_ALPHA / SUITE_SIZE (Bonferroni). A failure needs both stages, so the rate per
@@ -129,8 +129,8 @@ def decide(x: Optional[float], history: Sequence[float], threshold: float = DEFA
            x_again: Optional[float] = None) -> HistoryVerdict:
     """The history lane's verdict on one measurement: the ONE function that decides it, in pytest
     (``TimingState.verdict``) and in ``python -m pytest_mgpu compare`` alike, so that the two never
-    disagree on the same data (issue 18: compare said "+9.1% same" where pytest said "+15.9% learning
-    1/5", and called a measurement that was unstable in both runs "faster").
+    disagree on the same data (two deciders once called one measurement "+9.1% same" and
+    "+15.9% learning 1/5", and an unstable one "faster").
 
     An unstable measurement (``Measurement.unstable``: its samples do not describe one speed) is
     never judged, so never slower or faster. ``x_again``: the x of the re-measurement a flagged launch

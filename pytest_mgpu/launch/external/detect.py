@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from ...devices import DevicePlan
+from ...settings import ENV_EXTERNAL, EXTERNAL_MODES
 
-ENV_MODE = "PYTEST_MGPU_EXTERNAL"  # auto | on | off
+ENV_MODE = ENV_EXTERNAL  # auto | on | off
 ENV_JOINED = "PYTEST_MGPU_JOINED"  # pid of the process that joined: its child processes do not join
-MODES = ("auto", "on", "off")
+MODES = EXTERNAL_MODES
 TORCH_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # what torchrun sets
 
 

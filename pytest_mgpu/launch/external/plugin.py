@@ -17,7 +17,8 @@ import pytest
 
 from ..errors import RankFailure
 from .agree import TEXT_LIMIT, PhaseRecord, Verdict
-from .detect import ENV_MODE, MODES, ExternalError, detect
+from ...settings import EXTERNAL_OPTIONS, add_options
+from .detect import ENV_MODE, ExternalError, detect
 from ...workers import under_xdist
 from .session import ExternalSession
 
@@ -25,14 +26,7 @@ EXTERNAL_KEY = pytest.StashKey["ExternalPlugin"]()
 
 
 def addoption(parser) -> None:
-    group = parser.getgroup("mgpu")
-    group.addoption("--mgpu-external", dest="mgpu_external", choices=MODES, default=None,
-                    help="join the job when pytest runs in ranks started by torchrun or srun: auto "
-                    "(default: when RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT or an srun step's "
-                    f"SLURM_PROCID, SLURM_NTASKS are set), on, off. Also env {ENV_MODE}.")
-    group.addoption("--mgpu-rank-logs", dest="mgpu_rank_logs", metavar="DIR", default=None,
-                    help="under torchrun/srun, where ranks other than 0 write their pytest output "
-                    "(default: <tmp>/pytest-mgpu-<job>/rankN.log); rank 0 reports for all")
+    add_options(parser, parser.getgroup("mgpu"), EXTERNAL_OPTIONS)
 
 
 class ExternalPlugin:
