@@ -32,7 +32,7 @@ ATOL_FACTOR = 1e-3
 # How far above the float64 gap a correct strategy may land (times sqrt(partial sums)). Measured by
 # benchmarks/parity_calibration.py over a zoo of correct configurations (MLP, CNN-GN, ResNet18/50
 # GN and eval-BN, MobileNetV2-GN, a Transformer encoder; DDP/FSDP x2/x4, model parallel, pipelines;
-# 4 steps; several seeds; torch threads 1 and 2): see README "Gradient parity" for the figures.
+# 4 steps; several seeds; torch threads 1 and 2): see docs/design/parity-calibration.md for the figures.
 MULTIPLE = 16.0
 DATA_PARALLEL = ("ddp", "fsdp", "dp")
 
