@@ -6,6 +6,8 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import List, Literal, Optional
 
+from ..brief import brief
+
 ProblemKind = Literal["raised", "died", "hung", "computing", "starting", "stopped", "returned", "absent",
                       "unreadable"]
 # How a kind reads in the report's first line ("hung" is only ever a blocked rank: launch/unfinished.py).
@@ -74,8 +76,13 @@ class RankFailure(Exception):
         if causes and len(causes) < len(self.problems):
             head += f"; cause: rank(s) {', '.join(map(str, causes))}"
         lines = [head]
+        first = (self.primary() or self.problems)[:1]
+        if first and (len(self.problems) > 1 or self.hint or self.collectives):
+            lines.append(f"first cause: rank {first[0].rank} {first[0].summary}")  # the full story follows
         if self.collectives:
-            lines += ["", f"the ranks' collectives disagree (flight recorder): {self.collectives}"]
+            lines.append(f"the ranks' collectives disagree (flight recorder): {self.collectives}")
+        if self.hint:
+            lines.append(f"fix: {brief(self.hint)}")
         order = sorted(self.problems, key=lambda p: (p.secondary, p.rank))
         for p in order:
             lines.append("")

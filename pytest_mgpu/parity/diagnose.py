@@ -8,6 +8,8 @@ from typing import Callable, Final, List, Tuple
 
 from tabulate import tabulate
 
+from ..brief import brief
+
 from .hints import Report, common_factor, number_hints
 from .loop_hints import loop_hints
 from .records import KINDS, RunFacts, TensorError
@@ -178,10 +180,17 @@ NO_CAUSE: Final = ("no known cause detected: look for rank-dependent code, non-d
                    "state kept between steps; rerun with steps=1 to see if the first step already diverges.")
 
 
+# The generic words for gradients off by one factor: left out where a loop hint names the factor's cause.
+GENERIC_FACTOR: Final = ("every gradient is ", "gradients scaled by a constant", "loss reduction='sum'")
+
+
 def likely_causes(report: Report) -> List[str]:
-    hints = [h for h in (hint(report) for hint in FACT_HINTS) if h]
-    hints += number_hints(report)  # the user's own code: hints read from the numbers
-    hints += loop_hints(report)  # the user's own training loops: what their loops were seen doing
+    """The user's own training loops first (what their loops were seen doing: the most specific
+    evidence), then hints read from the numbers, then the facts of the strategy."""
+    loop = loop_hints(report)
+    hints = loop + number_hints(report) + [h for h in (hint(report) for hint in FACT_HINTS) if h]
+    if any(h.startswith(("gradient accumulation", "gradient clipping")) for h in loop):
+        hints = [h for h in hints if not h.startswith(GENERIC_FACTOR)]
     return hints or [NO_CAUSE]
 
 
@@ -190,9 +199,11 @@ def failure_message(report: Report) -> str:
     first = failures[0][0]
     n_bad = len({(e.kind, e.name) for s, e, _ in failures if s == first})
     n_all = len(report.records[first].errors) if first < len(report.records) else 0
+    causes = likely_causes(report)
     lines = [
         f"{report.describe()} diverges from one device at step {first} (of {len(report.records)}): "
         f"{n_bad} of {n_all} tensors exceed the tolerance",
+        f"likely cause: {brief(causes[0])}" if causes[0] is not NO_CAUSE else "likely cause: none known (below)",
         f"tolerance: {report.tolerance.describe()}",
         *[f"note: {n}" for n in report.notes],
         "",
@@ -207,5 +218,5 @@ def failure_message(report: Report) -> str:
         "",
         "likely causes:",
     ]
-    lines += [f"  - {h}" for h in likely_causes(report)]
+    lines += [f"  - {h}" for h in causes]
     return "\n".join(lines)

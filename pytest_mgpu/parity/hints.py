@@ -42,6 +42,8 @@ class UserFacts(RunFacts):
     foreign: Dict[str, List[str]] = field(default_factory=dict)  # side -> stepped params of no model run
     unstepped: Dict[str, List[str]] = field(default_factory=dict)  # side -> model params no optimizer steps
     set_epoch_calls: Dict[str, int] = field(default_factory=dict)  # side -> DistributedSampler.set_epoch calls
+    sampler_passes: Dict[str, int] = field(default_factory=dict)  # side -> passes over a DistributedSampler
+    carried: str = ""  # "<side> at step <s>": gradients that kept the previous step's (no zero_grad)
     frozen: Dict[str, int] = field(default_factory=dict)  # side -> steps its parameters never moved in
     loop_notes: List[str] = field(default_factory=list)  # how the steps were recorded and the ranks judged
     data_groups: List[List[int]] = field(default_factory=list)  # ranks sharing one batch (TP/SP peers)
@@ -50,6 +52,10 @@ class UserFacts(RunFacts):
     rank_clips: List[List[List[float]]] = field(default_factory=list)  # per step, per rank: clip factors
     ref_clips: List[List[float]] = field(default_factory=list)  # per step: the reference's clip factors
     nonfinite: Dict[str, List[str]] = field(default_factory=dict)  # side -> parameters not finite at step 0
+    rank_states: List[tuple] = field(default_factory=list)  # per step: rank 0's optimizer (held, step count)
+    ref_states: List[tuple] = field(default_factory=list)  # per step: the reference's
+    rank_backwards: int = 1  # scalars rank 0 backpropagated at step 0 (> 1: gradient accumulation)
+    ref_backwards: int = 1  # the reference's
     tp_inputs_differ: bool = False  # tensor-parallel peers fed rows that are not one batch (rank-dependent)
 
 

@@ -16,9 +16,9 @@ import math
 from collections import Counter
 from typing import List
 
-from .hints import Report, UserFacts
+from .hints import Report, UserFacts, common_factor
 from .layout import Layout
-from .schedule_hints import clip_hint, schedule_hint
+from .schedule_hints import clip_hint, schedule_hint, state_hint
 from .recorder import SideLog
 from .vacuous import never_moved, zero_grads
 
@@ -40,6 +40,11 @@ def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Lay
         _tp_rows(facts, i, ref_rows, rows) for i, (ref_rows, rows) in enumerate(zip(facts.ref_rows, facts.rank_rows))
         if ref_rows and all(rows))
     facts.rank_lrs = [s.lrs for s in ranks[0].steps[:steps]]
+    facts.rank_states = [s.state for s in ranks[0].steps[:steps]]
+    facts.carried = carried_over(ranks[0], ref) if ranks else ""
+    facts.rank_backwards = ranks[0].steps[0].backwards if ranks and ranks[0].steps else 1
+    facts.ref_backwards = ref.steps[0].backwards if ref.steps else 1
+    facts.ref_states = [s.state for s in ref.steps]
     facts.ref_lrs = [s.lrs for s in ref.steps]
     facts.rank_clips = [[_factors(side.steps[i]) for side in ranks] for i in range(steps)]
     facts.ref_clips = [_factors(s) for s in ref.steps]
@@ -47,6 +52,7 @@ def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Lay
         if side.foreign:
             facts.foreign[who], facts.unstepped[who] = list(side.foreign), list(side.unstepped)
         facts.set_epoch_calls[who] = side.set_epoch_calls
+        facts.sampler_passes[who] = side.sampler_passes
         if never_moved(side) and not zero_grads(side):
             facts.frozen[who] = len(side.steps)
         bad = [n for n, t in (side.steps[0].params.items() if side.steps else ())
@@ -66,7 +72,9 @@ def loop_hints(report: Report) -> List[str]:
     if not isinstance(f, UserFacts) or not f.ref_rows:
         return []
     epochs, rows, scaled = _epochs(f), _rows(f), _loss_factor(f)
-    hints = [_nonfinite(f), scaled, epochs, rows, _elsewhere(f), _frozen(f), schedule_hint(f), clip_hint(f)]
+    factor = _grad_factor(report)
+    hints = [_nonfinite(f), _carried(f), _accumulation(f, factor), clip_hint(f, factor), state_hint(f), schedule_hint(f), scaled,
+             epochs, rows, _elsewhere(f), _frozen(f)]
     if not any(hints) and not f.dropout:
         hints.append(_same_params_other_loss(report))
     return [h for h in hints if h]
@@ -124,8 +132,8 @@ def _dp_rows(step: int, ref: List[float], groups: List[List[float]], world: int)
     """The data-parallel groups' rows against the reference's batch."""
     first = _key(groups[0])
     if len(groups) > 1 and all(_key(g) == first for g in groups[1:]):
-        if not (_key(ref) - first):
-            return ""  # every group and the reference train the same rows: the same batch by design
+        if len(ref) <= len(groups[0]):
+            return _missing(step, ref, groups)  # one batch for all by design; another batch on one side
         return (f"the data is not sharded: at step {step} every one of the {len(groups)} data-parallel ranks trained "
                 f"on the same {len(groups[0])} rows while the reference trained on {len(ref)}, so the ranks repeat "
                 "each other's samples. Fix: give the DataLoader sampler=DistributedSampler(dataset) (and call "
@@ -138,14 +146,9 @@ def _dp_rows(step: int, ref: List[float], groups: List[List[float]], world: int)
                 f"batch is the data-parallel ranks' batches together: give the one-device loop batch_size x "
                 f"{len(groups)} ({sizes[0]} x {len(groups)} = {sizes[0] * len(groups)}), or each rank "
                 f"batch_size // {len(groups)}.")
-    missing = sum((_key(ref) - sum((_key(g) for g in groups), Counter())).values())
-    if missing:
-        return (f"the sides saw different batches at step {step}: {missing} of the reference's {len(ref)} rows "
-                "are on no rank. The ranks' samplers draw another order than the reference's (a "
-                "DistributedSampler shuffles with its seed and epoch; a shuffling DataLoader with the global "
-                "random state), or the data differs. Fix: draw the reference's batches as the ranks' shards "
-                "together, e.g. DistributedSampler(dataset, num_replicas=1, rank=0) with the same shuffle, "
-                "seed and set_epoch, and batch_size x world_size.")
+    said = _missing(step, ref, groups)
+    if said:
+        return said
     if len(set(sizes)) > 1:
         return (f"unequal shards: at step {step} the data-parallel ranks trained on {'/'.join(map(str, sizes))} "
                 f"rows ({sum(sizes)} in all, the reference's batch). DDP and FSDP average the ranks' gradients with "
@@ -153,6 +156,24 @@ def _dp_rows(step: int, ref: List[float], groups: List[List[float]], world: int)
                 f"larger. Fix: an even split (drop_last=True, or a batch divisible by {len(groups)}), or weight each "
                 "rank's loss by its rows: loss * local_rows * world_size / global_rows.")
     return ""
+
+
+def _missing(step: int, ref: List[float], groups: List[List[float]]) -> str:
+    """Rows of the reference's batch that no data-parallel group trained on."""
+    together = _key(groups[0]) if _same_rows(groups) else sum((_key(g) for g in groups), Counter())
+    missing = sum((_key(ref) - together).values())
+    if not missing:
+        return ""
+    return (f"the sides saw different batches at step {step}: {missing} of the reference's {len(ref)} rows "
+            "are on no rank. The ranks' samplers draw another order than the reference's (a "
+            "DistributedSampler shuffles with its seed and epoch; a shuffling DataLoader with the global "
+            "random state), or the data differs. Fix: draw the reference's batches as the ranks' shards "
+            "together, e.g. DistributedSampler(dataset, num_replicas=1, rank=0) with the same shuffle, "
+            "seed and set_epoch, and batch_size x world_size.")
+
+
+def _same_rows(groups: List[List[float]]) -> bool:
+    return len(groups) > 1 and all(_key(g) == _key(groups[0]) for g in groups[1:])
 
 
 def _repeat(rows_per_step: List[List[float]]) -> int:
@@ -169,17 +190,71 @@ def _epochs(f: UserFacts) -> str:
     if bool(ref) == bool(ranks):
         return ""  # neither repeats, or both alike: they agree on the order
     who, step = (REFERENCE, ref) if ref else ("fn on rank 0", ranks)
-    if f.set_epoch_calls.get(who):
+    if f.set_epoch_calls.get(who) or not f.sampler_passes.get(who):
         return (f"data repeated: at step {step} {who} trained on exactly the rows of step 0 again, while the other "
-                "side went on to new rows; it calls DistributedSampler.set_epoch, so its data iterator started "
-                "over (a loop restarted after loading a checkpoint, or an epoch counter reset) instead of resuming "
-                "where it stopped. Fix: restore the epoch and the position in it with the checkpoint (set_epoch "
-                "with the saved epoch, and skip the batches already trained).")
+                "side went on to new rows: its data iterator started over (a loop restarted after loading a "
+                "checkpoint, or an epoch counter reset) instead of resuming where it stopped. Fix: restore the "
+                "epoch and the position in it with the checkpoint (set_epoch with the saved epoch, and skip the "
+                "batches already trained).")
     never = " (it never calls DistributedSampler.set_epoch)"
     return (f"the shuffle order repeats across epochs: at step {step} {who} trained on exactly the rows of step 0 "
             f"again{never}, while the other side reshuffled. A DistributedSampler shuffles with seed + epoch, "
             "so without set_epoch every epoch repeats the first one's order. Fix: call sampler.set_epoch(epoch) "
             "at the start of every epoch, on every side.")
+
+
+def _grad_factor(report: Report) -> float:
+    """The factor every gradient at step 0 shares against the reference's (1.0: none)."""
+    first = report.records[0].errors if report.records else []
+    return common_factor([e.norm_ratio for e in first if e.kind == "grad" and not e.name.startswith("rank ")
+                          and not e.missing and e.norm_ref > 0 and math.isfinite(e.norm_ratio)])
+
+
+def _accumulation(f: UserFacts, factor: float) -> str:
+    """The ranks accumulate k micro-batches per step and every gradient is k x the reference's."""
+    k = f.rank_backwards
+    if k < 2 or f.ref_backwards == k or abs(factor / k - 1) > 0.02:
+        return ""
+    also = f" (here k is also the world size {f.world_size}: a loss multiplied by it looks the same)" \
+        if k == f.world_size else ""
+    return (f"gradient accumulation without dividing the loss: the ranks backpropagate {k} losses per optimizer step "
+            f"and every gradient at step 0 is {factor:.4g}x the reference's = {k}{also}: each micro-batch's loss is "
+            f"backpropagated undivided, so the step's gradient is the sum of {k} means. Fix: backpropagate "
+            f"loss / {k} (the number of micro-batches accumulated per step).")
+
+
+def carried_over(rank: SideLog, ref: SideLog) -> str:
+    """The first side and step whose gradients are the other side's plus its own previous step's:
+    gradients that were never zeroed between steps ("" where none)."""
+    import torch
+
+    def flat(grads) -> "torch.Tensor":
+        ts = [g.double().reshape(-1) for _, g in sorted(grads.items()) if g is not None]
+        return torch.cat(ts) if ts else torch.zeros(0, dtype=torch.float64)
+
+    for step in range(1, min(len(rank.steps), len(ref.steps))):
+        mine, theirs = flat(rank.steps[step].grads), flat(ref.steps[step].grads)
+        if mine.shape != theirs.shape or mine.numel() == 0:
+            return ""
+        gap = float((mine - theirs).norm())
+        if gap <= 1e-3 * float(theirs.norm()):
+            continue
+        for who, side, diff in (("fn on the ranks", rank, mine - theirs), (REFERENCE, ref, theirs - mine)):
+            before = flat(side.steps[step - 1].grads)
+            if before.shape == diff.shape and float((diff - before).norm()) < 0.05 * gap:
+                return f"{who} at step {step}"
+        return ""
+    return ""
+
+
+def _carried(f: UserFacts) -> str:
+    if not f.carried:
+        return ""
+    who, step = f.carried.rsplit(" at step ", 1)
+    return (f"gradients not zeroed between steps: at step {step} {who}'s gradients are the other side's plus "
+            f"its own of step {int(step) - 1}, so each step adds to the last one's gradients instead of replacing "
+            "them. Fix: call optimizer.zero_grad() (or model.zero_grad()) once per optimizer step, after "
+            "optimizer.step() (with accumulation: after the step, not after each micro-batch).")
 
 
 def _nonfinite(f: UserFacts) -> str:

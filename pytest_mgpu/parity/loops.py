@@ -94,6 +94,7 @@ def run_side(job: LoopJob, fn, rank: int, tag: str = "", mode=None,
                 fn(*lead, rec, *job.args, steps=job.steps, **job.kwargs)
         side = rec.side
         side.set_epoch_calls = watch.set_epoch_calls
+        side.sampler_passes = watch.sampler_passes
         side.autocast = side.autocast or watch.autocast
         return side
 

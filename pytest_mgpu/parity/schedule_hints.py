@@ -1,6 +1,7 @@
-"""Hints from what the optimizer was told at each step (test process): the learning rate each side
-stepped with (a scheduler stepped per micro-batch, not restored, restarted) and the factor each
-side's gradient clipping scaled by (a norm computed over one rank's shards only)."""
+"""Hints from what the optimizer held and was told at each step (test process): its state (not
+restored from a checkpoint), the learning rate each side stepped with (a scheduler stepped per
+micro-batch, not restored, restarted) and the factor each side's gradient clipping scaled by (a norm
+computed over one rank's shards only)."""
 from __future__ import annotations
 
 import math
@@ -34,7 +35,7 @@ def schedule_hint(f: UserFacts) -> str:
     faster = _faster(f, steps)
     if faster:
         return head + (f"The ranks' schedule runs {faster}x as fast as the reference's (its lr at step s is the "
-                       f"reference's at step {faster}s): the scheduler is stepped per micro-batch (or per "
+                       f"reference's at step {faster}s, give or take a step): the scheduler is stepped per micro-batch (or per "
                        f"{faster} calls) instead of once per optimizer step. Fix: call scheduler.step() right "
                        "after optimizer.step(), once per step.")
     return head + ("A scheduler stepped at another rate, created with other arguments, restarted, or not restored "
@@ -43,21 +44,30 @@ def schedule_hint(f: UserFacts) -> str:
 
 
 def _faster(f: UserFacts, steps: int) -> int:
-    """k > 1 where the ranks' lr at every step s is the reference's at step k*s (0: no such k)."""
+    """k > 1 where the ranks' lr at every step s is the reference's at step k*s + b for one b in
+    0..k (a scheduler stepped k times per optimizer step, before or after it); 0 where none is."""
+    ref = [lrs[0] for lrs in f.ref_lrs if lrs]
+    if len(set(ref)) < 2:
+        return 0  # a constant schedule matches any rate
     for k in (2, 3, 4, 8):
-        pairs = [(f.rank_lrs[s][0], f.ref_lrs[k * s][0]) for s in range(steps)
-                 if k * s < len(f.ref_lrs) and f.rank_lrs[s] and f.ref_lrs[k * s]]
-        if len(pairs) >= 2 and all(not _differs(a, b, SAME_LR) for a, b in pairs):
-            return k
+        for b in range(k + 1):
+            pairs = [(f.rank_lrs[s][0], ref[k * s + b]) for s in range(steps)
+                     if k * s + b < len(ref) and f.rank_lrs[s]]
+            if len(pairs) >= 2 and all(not _differs(a, r, SAME_LR) for a, r in pairs):
+                return k
     return 0
 
 
-def clip_hint(f: UserFacts) -> str:
-    """The first step at which the sides' gradient clipping scaled by other factors."""
+def clip_hint(f: UserFacts, factor: float = 1.0) -> str:
+    """The first step at which the sides' gradient clipping scaled by other factors. Where one side
+    clipped by hand (no clip_grad_norm_ seen), its factor is read from the gradients at step 0: they
+    are ``factor`` x the reference's."""
     for step, (ranks, ref) in enumerate(zip(f.rank_clips, f.ref_clips)):
         mine = ranks[0] if ranks else []
         if not mine and not ref:
             continue
+        if not mine and step == 0 and factor != 1.0 and math.isfinite(ref[0]):
+            mine, ranks = [factor * ref[0]], [[factor * ref[0]]]  # the ranks scaled their gradients by hand
         if bool(mine) != bool(ref):
             who, other = ("fn on the ranks", "reference_fn") if mine else ("reference_fn", "fn on the ranks")
             return (f"gradient clipping on one side only: at step {step} {who} clipped its gradients "
@@ -67,9 +77,27 @@ def clip_hint(f: UserFacts) -> str:
             per_rank = ", ".join(f"{r[0]:.4g}" for r in ranks if r)
             return (f"gradient clipping differs: at step {step} the reference clipped its gradients by a factor of "
                     f"{b:.4g}, the ranks by {per_rank} (rank 0 first). A factor set by another total norm: the "
-                    "ranks compute the norm over their local shards only (clip_grad_norm_ over to_local() tensors, "
-                    "or over one rank's parameters), which is smaller than the whole model's. Fix: call "
+                    "ranks compute the norm over their local shards only (a norm of to_local() tensors, or of one "
+                    "rank's parameters), which is smaller than the whole model's. Fix: call "
                     "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) on the DTensor parameters (it "
                     "reduces the norm over the mesh), or all_reduce the squared local norms before clipping.")
         return ""
+    return ""
+
+
+def state_hint(f: UserFacts) -> str:
+    """The first step at which the optimizers held other state: a fresh optimizer where the other
+    side's carried on (its state not restored), or step counters that restarted."""
+    for step, (mine, theirs) in enumerate(zip(f.rank_states, f.ref_states)):
+        if tuple(mine) == tuple(theirs):
+            continue
+        (held, count), (ref_held, ref_count) = mine, theirs
+        if held == ref_held and min(count, ref_count) < 0:
+            return ""  # an optimizer without step counters on one side: not comparable
+        what = (f"fn on the ranks' optimizer held state for {held} parameter(s) (step count {count:g}), "
+                f"reference_fn's for {ref_held} (step count {ref_count:g})")
+        return (f"the optimizer's state differs: before step {step} {what}. An optimizer built anew and not "
+                "restored from the checkpoint starts with no state (Adam's moments zero, step counters "
+                "restarted), or one side's state restarted. Fix: save and load the optimizer's state with the "
+                "model's (optimizer.state_dict(), or DCP get_optimizer_state_dict/set_optimizer_state_dict).")
     return ""

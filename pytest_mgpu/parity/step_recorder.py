@@ -90,7 +90,8 @@ class StepRecorder:
             self.side.autocast = self.watch.autocast
             self.side.loss_dtype = dtype_name(self.watch.loss.dtype) if self.watch.loss is not None else ""
         seen = self._seen = self.watch.take_inputs()
-        self.side.steps.append(StepLog(seen.loss(), grads, params, seen.rows, len(seen.losses), lrs, seen.clips))
+        self.side.steps.append(StepLog(seen.loss(), grads, params, seen.rows, len(seen.losses), lrs, seen.clips,
+                                       optimizer_state(optimizer)))
         if self.on_first and len(self.side.steps) == 1:
             self.on_first(self.side)
 
@@ -147,7 +148,8 @@ class StepRecorder:
         cached = self._names.get(id(optimizer))
         if cached is None or cached[0] != key:
             cached = (key, self._name_map(params))
-            self._names[id(optimizer)] = cached
+            if not self.side.foreign:  # a model not run forward yet (DCP's state initialisation): ask again
+                self._names[id(optimizer)] = cached
         names = cached[1]
         return [(names[id(p)], p) for p in params]
 
@@ -184,3 +186,16 @@ class StepRecorder:
 def _local(p):
     """This rank's part of a parameter (a DTensor's local shard): compared without a collective."""
     return p.to_local() if hasattr(p, "to_local") else p
+
+
+def optimizer_state(optimizer) -> Tuple[int, float]:
+    """(how many parameters have optimizer state, the largest step count in it; -1 where none
+    counts): what a restored optimizer must have, and a fresh one does not."""
+    held, step = 0, -1.0
+    for state in optimizer.state.values():
+        if state:
+            held += 1
+            count = state.get("step")
+            if count is not None:
+                step = max(step, float(count))
+    return held, step

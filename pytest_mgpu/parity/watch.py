@@ -78,6 +78,7 @@ class Watch:
         self.loss = None  # the scalar last passed to torch.autograd.backward (detached)
         self.autocast = ""  # the autocast dtype an outermost forward ran under ("" if none)
         self.set_epoch_calls = 0  # DistributedSampler.set_epoch calls (the rows show a repeated order)
+        self.sampler_passes = 0  # passes over a DistributedSampler (0: the loop uses none)
         self._inputs = Inputs()
         self._depth = 0
 
@@ -116,7 +117,7 @@ class Watch:
         from torch.utils.data.distributed import DistributedSampler
 
         handles = [M.register_module_forward_pre_hook(self._pre), M.register_module_forward_hook(self._post)]
-        backward, set_epoch = torch.autograd.backward, DistributedSampler.set_epoch
+        backward, set_epoch, passes = torch.autograd.backward, DistributedSampler.set_epoch, DistributedSampler.__iter__
         watch = self
 
         def observed_backward(tensors, *args, **kwargs):
@@ -130,17 +131,23 @@ class Watch:
             watch.saw_clip(total, max_norm)
             return total
 
+        def observed_pass(sampler):
+            watch.sampler_passes += 1
+            return passes(sampler)
+
         def observed_set_epoch(sampler, epoch):
             watch.set_epoch_calls += 1
             return set_epoch(sampler, epoch)
 
         clip = torch.nn.utils.clip_grad_norm_
         torch.autograd.backward, DistributedSampler.set_epoch = observed_backward, observed_set_epoch
+        DistributedSampler.__iter__ = observed_pass
         torch.nn.utils.clip_grad_norm_ = torch.nn.utils.clip_grad.clip_grad_norm_ = observed_clip
         try:
             yield self
         finally:
             torch.autograd.backward, DistributedSampler.set_epoch = backward, set_epoch
+            DistributedSampler.__iter__ = passes
             torch.nn.utils.clip_grad_norm_ = torch.nn.utils.clip_grad.clip_grad_norm_ = clip
             for h in handles:
                 h.remove()
