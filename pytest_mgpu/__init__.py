@@ -1,20 +1,24 @@
 """pytest-mgpu: test multi-GPU PyTorch training with real process groups, on GPUs or CPU ranks."""
 from ._context import RankContext, in_rank, rank_context, rank_device
 from .devices import DevicePlan
-from .launch.errors import RankFailure
+from .dist import Dist
+from .launch.errors import RankFailure, RankLeftoverWarning
 from .markers import world_sizes
 from .simulate import Simulation, simulate
 from .timing.measure import Measurement, TaskSpec
 
 __all__ = [
     "DevicePlan",
+    "Dist",
     "Measurement",
     "ParityError",
     "RankContext",
     "RankFailure",
+    "RankLeftoverWarning",
     "Simulation",
     "StepCountError",
     "TaskSpec",
+    "TimingRegressionWarning",
     "in_rank",
     "rank_context",
     "rank_device",
@@ -31,6 +35,10 @@ def __getattr__(name: str):
         from .parity.report import ParityError
 
         return ParityError
+    if name == "TimingRegressionWarning":
+        from .timing.plugin import TimingRegressionWarning
+
+        return TimingRegressionWarning
     if name == "StepCountError":
         from .parity.training import StepCountError
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .devices import DevicePlan
 from .launch.errors import RankFailure
@@ -16,6 +16,10 @@ from .launch.protocol import pack_call
 from .launch.base import Launcher, LaunchSpec
 from .launch.rank_coverage import ranks_env
 from .settings import SettingsError, validate_timeout
+
+if TYPE_CHECKING:
+    from .parity.report import ParityReport
+    from .timing.measure import Measurement
 
 
 @dataclass
@@ -65,7 +69,7 @@ class Dist:
     def emulated(self) -> bool:
         return self.plan.emulated
 
-    def run(self, fn, *args, timeout: Optional[float] = None, **kwargs) -> List[Any]:
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> List[Any]:
         """Run ``fn(*args, **kwargs)`` once in each of ``world_size`` ranks, with the default process
         group initialized there; return the ranks' return values in rank order (tensors on CPU).
 
@@ -74,13 +78,13 @@ class Dist:
         __tracebackhide__ = True
         return self._launch(fn, args, kwargs, nprocs=self.world_size, timeout=timeout)
 
-    def run_single(self, fn, *args, timeout: Optional[float] = None, **kwargs) -> Any:
+    def run_single(self, fn: Callable[..., Any], *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> Any:
         """Run ``fn`` in one process that sees all of this test's devices (DataParallel, model
         parallel within a process); ``rank_context().devices`` lists them. Returns its value."""
         __tracebackhide__ = True
         return self._launch(fn, args, kwargs, nprocs=1, timeout=timeout)[0]
 
-    def spawn(self, fn, *args, **kwargs) -> List[Any]:
+    def spawn(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> List[Any]:
         """Drop-in for ``torch.multiprocessing.spawn(fn, args=args, nprocs=dist.world_size)``: runs
         ``fn(rank, *args, **kwargs)`` in every rank with no process group up; the code's own
         ``init_process_group`` joins this test's rendezvous whatever port it names. Returns the
@@ -90,13 +94,22 @@ class Dist:
 
         return spawn(self, fn, args, kwargs)
 
-    def benchmark(self, fn, *args, **kwargs):
-        """Time ``fn`` in every rank; see ``pytest_mgpu.timing.measure.benchmark``."""
+    def benchmark(self, fn: Callable[..., Any], *args: Any, warmup: Optional[int] = None,
+                  repeat: Optional[int] = None, name: Optional[str] = None, batch_size: Optional[int] = None,
+                  strategy: Optional[str] = None, group: Optional[str] = None,
+                  params: Optional[Dict[str, Any]] = None, single_process: bool = False,
+                  min_run_time: Optional[float] = None, timeout: Optional[float] = None,
+                  **kwargs: Any) -> "Measurement":
+        """Time ``fn`` in every rank and return a ``Measurement``; the keywords are
+        ``pytest_mgpu.timing.measure.benchmark``'s (iterations, names, the report's group and params)."""
         from .timing.measure import benchmark
 
-        return benchmark(self, fn, *args, **kwargs)
+        return benchmark(self, fn, *args, warmup=warmup, repeat=repeat, name=name, batch_size=batch_size,
+                         strategy=strategy, group=group, params=params, single_process=single_process,
+                         min_run_time=min_run_time, timeout=timeout, **kwargs)
 
-    def assert_parity(self, strategy, model_fn, batch_fn, **kwargs):
+    def assert_parity(self, strategy: Union[str, Callable[..., Any]], model_fn: Callable[..., Any],
+                      batch_fn: Callable[..., Any], **kwargs: Any) -> "ParityReport":
         """Train with ``strategy`` and on one device; compare every step. See ``parity.engine``.
         ``strategy`` may also be the user's own parallel module's constructor: ``parity.user``."""
         __tracebackhide__ = True
@@ -108,7 +121,8 @@ class Dist:
 
         return assert_parity(self, strategy, model_fn, batch_fn, **kwargs)
 
-    def assert_same_training(self, fn, reference_fn, *args, steps: int = 3, **kwargs):
+    def assert_same_training(self, fn: Callable[..., Any], reference_fn: Callable[..., Any], *args: Any,
+                             steps: int = 3, **kwargs: Any) -> "ParityReport":
         """The user's distributed loop in every rank against their one-device ``reference_fn``, step
         by step: ``fn(log, *args, steps=, **kwargs)`` (``record="log"``), ``fn(*args, **kwargs)``
         with a step per ``optimizer.step()`` (``record="optimizer"``), ``fn(rank, *args, **kwargs)``
