@@ -36,7 +36,7 @@ def __getattr__(name: str):
 
         return ParityError
     if name == "TimingRegressionWarning":
-        from .timing.plugin import TimingRegressionWarning
+        from .timing.messages import TimingRegressionWarning
 
         return TimingRegressionWarning
     if name == "StepCountError":

@@ -163,3 +163,7 @@ def lane_notes(measurements) -> list:
                      f"its {v.level:.0%} bootstrap interval: slower above +{v.threshold * 100:g}%, faster below "
                      f"-{v.threshold * 100:g}%, unstable when wider than that band")
     return lines
+
+
+class TimingRegressionWarning(UserWarning):
+    """A measurement is slower than its history, where that only warns (or the history is short)."""

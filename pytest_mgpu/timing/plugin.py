@@ -19,15 +19,12 @@ from .. import __version__
 from ..settings import TIMING_OPTIONS, SettingsError, add_options, resolve_timing
 from .baselines import check_writable
 from ..workers import under_xdist
+from .messages import TimingRegressionWarning
 from .state import TimingState
 
 
 class TimingNoiseWarning(UserWarning):
     """Timings taken where they cannot be trusted (tests sharing the cores under xdist)."""
-
-
-class TimingRegressionWarning(UserWarning):
-    """A measurement is slower than its history, where that only warns (or the history is short)."""
 
 
 def addoption(parser) -> None:
