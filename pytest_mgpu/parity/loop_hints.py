@@ -73,8 +73,11 @@ def loop_hints(report: Report) -> List[str]:
         return []
     epochs, rows, scaled = _epochs(f), _rows(f), _loss_factor(f)
     factor = _grad_factor(report)
-    hints = [_nonfinite(f), _carried(f), _accumulation(f, factor), clip_hint(f, factor), state_hint(f), schedule_hint(f), scaled,
-             epochs, rows, _elsewhere(f), _frozen(f)]
+    # what the optimizer held and was told, the earliest evidence first (a later one may be its consequence);
+    # a clip factor moves with anything else that changed the gradients, so it comes after the data's evidence
+    told = sorted(h for h in (state_hint(f), schedule_hint(f)) if h[1])
+    hints = [_nonfinite(f), _carried(f), _accumulation(f, factor), *(text for _, text in told), epochs, rows,
+             clip_hint(f, factor)[1], scaled, _elsewhere(f), _frozen(f)]
     if not any(hints) and not f.dropout:
         hints.append(_same_params_other_loss(report))
     return [h for h in hints if h]
@@ -213,7 +216,7 @@ def _grad_factor(report: Report) -> float:
 def _accumulation(f: UserFacts, factor: float) -> str:
     """The ranks accumulate k micro-batches per step and every gradient is k x the reference's."""
     k = f.rank_backwards
-    if k < 2 or f.ref_backwards == k or abs(factor / k - 1) > 0.02:
+    if k < 2 or abs(factor / k - 1) > 0.02:
         return ""
     also = f" (here k is also the world size {f.world_size}: a loss multiplied by it looks the same)" \
         if k == f.world_size else ""
@@ -234,17 +237,28 @@ def carried_over(rank: SideLog, ref: SideLog) -> str:
 
     for step in range(1, min(len(rank.steps), len(ref.steps))):
         mine, theirs = flat(rank.steps[step].grads), flat(ref.steps[step].grads)
-        if mine.shape != theirs.shape or mine.numel() == 0:
+        if mine.shape != theirs.shape or mine.numel() == 0 or not bool(torch.isfinite(torch.cat([mine, theirs])).all()):
             return ""
         gap = float((mine - theirs).norm())
         if gap <= 1e-3 * float(theirs.norm()):
             continue
-        for who, side, diff in (("fn on the ranks", rank, mine - theirs), (REFERENCE, ref, theirs - mine)):
+        for who, side, now, other in (("fn on the ranks", rank, mine, theirs), (REFERENCE, ref, theirs, mine)):
             before = flat(side.steps[step - 1].grads)
-            if before.shape == diff.shape and float((diff - before).norm()) < 0.05 * gap:
+            if before.shape == now.shape and _sum_of(now, before, other, gap):
                 return f"{who} at step {step}"
         return ""
     return ""
+
+
+def _sum_of(now, before, other, gap: float) -> bool:
+    """``now`` = a * ``before`` + b * ``other`` with a > 0, to 5% of the sides' gap: this step's
+    gradients hold the previous step's (clipping may have scaled both terms, hence a and b)."""
+    import torch
+
+    basis = torch.stack([before, other], dim=1)
+    coef = torch.linalg.lstsq(basis, now.unsqueeze(1)).solution.squeeze(1)
+    rest = float((now - basis @ coef).norm())
+    return float(coef[0]) > 0.05 and rest < 0.05 * gap
 
 
 def _carried(f: UserFacts) -> str:

@@ -5,7 +5,10 @@ computed over one rank's shards only)."""
 from __future__ import annotations
 
 import math
-from typing import List, Optional
+from typing import List, Optional, Tuple
+
+Hint = Tuple[int, str]  # (the step of its evidence, the words): the earliest is said first
+NONE: Hint = (0, "")
 
 from .hints import UserFacts
 
@@ -21,17 +24,31 @@ def _lr_at(lrs: List[List[float]], step: int) -> Optional[float]:
     return lrs[step][0] if step < len(lrs) and lrs[step] else None
 
 
-def schedule_hint(f: UserFacts) -> str:
+def schedule_hint(f: UserFacts) -> Hint:
     """The first step at which the sides stepped with other learning rates, and what that looks like."""
     steps = min(len(f.rank_lrs), len(f.ref_lrs))
     first = next((s for s in range(steps) if f.rank_lrs[s] and f.ref_lrs[s] and
                   any(_differs(a, b, SAME_LR) for a, b in zip(f.rank_lrs[s], f.ref_lrs[s]))), None)
     if first is None:
-        return ""
+        return NONE
+    return first, _schedule_words(f, first, steps)
+
+
+def _schedule_words(f: UserFacts, first: int, steps: int) -> str:
     mine, theirs = f.rank_lrs[first][0], f.ref_lrs[first][0]
     shown = ", ".join(f"{_lr_at(f.rank_lrs, s):.4g}/{_lr_at(f.ref_lrs, s):.4g}" for s in range(min(steps, 6)))
     head = (f"the learning rate differs: at step {first} fn on the ranks stepped with lr {mine:.6g}, reference_fn "
             f"with {theirs:.6g} (ranks/reference per step: {shown}{', ...' if steps > 6 else ''}). ")
+    ratios = {round(f.rank_lrs[s][0] / f.ref_lrs[s][0], 6) for s in range(steps)
+              if f.rank_lrs[s] and f.ref_lrs[s] and f.ref_lrs[s][0]}
+    if len(ratios) == 1:
+        k = ratios.pop()
+        also = f" = the world size {f.world_size}" if abs(k - f.world_size) < 1e-6 else \
+            f" = 1/{f.world_size}" if abs(k * f.world_size - 1) < 1e-6 else ""
+        return head + (f"The ranks' lr is {k:.4g}x the reference's at every step{also}: another base learning rate "
+                       "(scaled by the world size or the global batch on one side). Fix: give both sides the same "
+                       "learning rate; DDP and FSDP average the gradients, so the one-device loop on the global "
+                       "batch takes the same lr.")
     faster = _faster(f, steps)
     if faster:
         return head + (f"The ranks' schedule runs {faster}x as fast as the reference's (its lr at step s is the "
@@ -58,34 +75,46 @@ def _faster(f: UserFacts, steps: int) -> int:
     return 0
 
 
-def clip_hint(f: UserFacts, factor: float = 1.0) -> str:
+def clip_hint(f: UserFacts, factor: float = 1.0) -> Hint:
     """The first step at which the sides' gradient clipping scaled by other factors. Where one side
-    clipped by hand (no clip_grad_norm_ seen), its factor is read from the gradients at step 0: they
+    clipped by hand (no clipping call seen), its factor at step 0 is read from the gradients: they
     are ``factor`` x the reference's."""
     for step, (ranks, ref) in enumerate(zip(f.rank_clips, f.ref_clips)):
         mine = ranks[0] if ranks else []
-        if not mine and not ref:
-            continue
-        if not mine and step == 0 and factor != 1.0 and math.isfinite(ref[0]):
+        if not mine and ref and step == 0 and factor != 1.0 and math.isfinite(ref[0]):
             mine, ranks = [factor * ref[0]], [[factor * ref[0]]]  # the ranks scaled their gradients by hand
         if bool(mine) != bool(ref):
-            who, other = ("fn on the ranks", "reference_fn") if mine else ("reference_fn", "fn on the ranks")
-            return (f"gradient clipping on one side only: at step {step} {who} clipped its gradients "
-                    f"(torch.nn.utils.clip_grad_norm_) and {other} did not. Fix: clip alike on both sides.")
+            said = _one_side(step, mine or ref, "fn on the ranks" if mine else "reference_fn",
+                             "reference_fn" if mine else "fn on the ranks")
+            if said:
+                return step, said
+            continue
+        if not mine:
+            continue
         a, b = mine[0], ref[0]
         if math.isfinite(a) and math.isfinite(b) and _differs(a, b, SAME_CLIP):
             per_rank = ", ".join(f"{r[0]:.4g}" for r in ranks if r)
-            return (f"gradient clipping differs: at step {step} the reference clipped its gradients by a factor of "
+            return step, (f"gradient clipping differs: at step {step} the reference clipped its gradients by a factor of "
                     f"{b:.4g}, the ranks by {per_rank} (rank 0 first). A factor set by another total norm: the "
                     "ranks compute the norm over their local shards only (a norm of to_local() tensors, or of one "
                     "rank's parameters), which is smaller than the whole model's. Fix: call "
                     "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) on the DTensor parameters (it "
                     "reduces the norm over the mesh), or all_reduce the squared local norms before clipping.")
+    return NONE
+
+
+def _one_side(step: int, factors: List[float], who: str, other: str) -> str:
+    """Clipping seen on one side only: said once it scaled something (a factor below 1)."""
+    if not (math.isfinite(factors[0]) and factors[0] < 1):
         return ""
-    return ""
+    return (f"gradient clipping differs: at step {step} {who} clipped its gradients by a factor of {factors[0]:.4g} "
+            f"(torch.nn.utils.clip_grad_norm_), and no clipping call was seen in {other}: it clips by hand (with "
+            "a norm of its local shards, each rank its own factor) or not at all. Fix: call "
+            "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) on both sides (on DTensor parameters it "
+            "reduces the norm over the mesh).")
 
 
-def state_hint(f: UserFacts) -> str:
+def state_hint(f: UserFacts) -> Hint:
     """The first step at which the optimizers held other state: a fresh optimizer where the other
     side's carried on (its state not restored), or step counters that restarted."""
     for step, (mine, theirs) in enumerate(zip(f.rank_states, f.ref_states)):
@@ -93,11 +122,11 @@ def state_hint(f: UserFacts) -> str:
             continue
         (held, count), (ref_held, ref_count) = mine, theirs
         if held == ref_held and min(count, ref_count) < 0:
-            return ""  # an optimizer without step counters on one side: not comparable
+            return NONE  # an optimizer without step counters on one side: not comparable
         what = (f"fn on the ranks' optimizer held state for {held} parameter(s) (step count {count:g}), "
                 f"reference_fn's for {ref_held} (step count {ref_count:g})")
-        return (f"the optimizer's state differs: before step {step} {what}. An optimizer built anew and not "
+        return step, (f"the optimizer's state differs: before step {step} {what}. An optimizer built anew and not "
                 "restored from the checkpoint starts with no state (Adam's moments zero, step counters "
                 "restarted), or one side's state restarted. Fix: save and load the optimizer's state with the "
                 "model's (optimizer.state_dict(), or DCP get_optimizer_state_dict/set_optimizer_state_dict).")
-    return ""
+    return NONE

@@ -6,7 +6,8 @@ Why global hooks: the loop is the user's, unchanged (an ``mp.spawn`` entry, an e
 ``Trainer``); nothing in it names its model, loss or sampler to us. Torch offers module-wide
 forward hooks (``register_module_forward_pre_hook``), and every ``loss.backward()`` goes through
 ``torch.autograd.backward``; those two, ``DistributedSampler.set_epoch`` and
-``torch.nn.utils.clip_grad_norm_`` (the norm each side clipped with) are all we patch, and only while
+``torch.nn.utils.clip_grad_norm_`` / ``clip_grads_with_norm_`` (the norm each side clipped with) are all
+we patch, and only while
 the loop runs.
 
 The input rows are fingerprinted (one float64 per row: the row's dot product with a fixed vector),
@@ -131,6 +132,10 @@ class Watch:
             watch.saw_clip(total, max_norm)
             return total
 
+        def observed_clip_with_norm(parameters, max_norm, total_norm, *args, **kwargs):
+            watch.saw_clip(total_norm, max_norm)
+            return clip_with_norm(parameters, max_norm, total_norm, *args, **kwargs)
+
         def observed_pass(sampler):
             watch.sampler_passes += 1
             return passes(sampler)
@@ -139,16 +144,20 @@ class Watch:
             watch.set_epoch_calls += 1
             return set_epoch(sampler, epoch)
 
-        clip = torch.nn.utils.clip_grad_norm_
+        clip, clip_with_norm = torch.nn.utils.clip_grad_norm_, getattr(torch.nn.utils, "clip_grads_with_norm_", None)
         torch.autograd.backward, DistributedSampler.set_epoch = observed_backward, observed_set_epoch
         DistributedSampler.__iter__ = observed_pass
         torch.nn.utils.clip_grad_norm_ = torch.nn.utils.clip_grad.clip_grad_norm_ = observed_clip
+        if clip_with_norm is not None:  # the public two-part API (get_total_norm, then this)
+            torch.nn.utils.clip_grads_with_norm_ = observed_clip_with_norm
         try:
             yield self
         finally:
             torch.autograd.backward, DistributedSampler.set_epoch = backward, set_epoch
             DistributedSampler.__iter__ = passes
             torch.nn.utils.clip_grad_norm_ = torch.nn.utils.clip_grad.clip_grad_norm_ = clip
+            if clip_with_norm is not None:
+                torch.nn.utils.clip_grads_with_norm_ = clip_with_norm
             for h in handles:
                 h.remove()
 
