@@ -11,6 +11,8 @@ def brief(hint: str, limit: int = 300) -> str:
     """``"<what>. Fix: <first sentence of the fix>"`` from a hint written as ``"<what>: <evidence>.
     ... Fix: <fix>."``; the hint itself where it names no fix; cut at ``limit``."""
     text = " ".join(hint.split())
+    if text.lower().startswith("hint: "):
+        text = text[len("hint: "):]
     fix = text.split("Fix: ", 1)[1] if "Fix: " in text else ""
     what = text.split(": ", 1)[0] if ": " in text[:160] else _sentence(text)
     line = f"{what}. Fix: {_sentence(fix)}" if fix else text

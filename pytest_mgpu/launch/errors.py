@@ -78,7 +78,8 @@ class RankFailure(Exception):
         lines = [head]
         first = (self.primary() or self.problems)[:1]
         if first and (len(self.problems) > 1 or self.hint or self.collectives):
-            lines.append(f"first cause: rank {first[0].rank} {first[0].summary}")  # the full story follows
+            summary = first[0].summary.rstrip(":").removesuffix("; its Python stack")
+            lines.append(f"first cause: rank {first[0].rank} {summary}")  # the full story follows
         if self.collectives:
             lines.append(f"the ranks' collectives disagree (flight recorder): {self.collectives}")
         if self.hint:

@@ -1,0 +1,83 @@
+"""What a CI page shows of a failure: pytest 9 keeps 500 characters of a junit ``message``. A parity
+failure, a hang and a desync each name what failed, where, and the cause with its fix in them; the
+tables and stacks follow in the element's text. One real pytest run with --junitxml on 2 and 4 gloo
+ranks (the hang and desync cases get 5 s each)."""
+import os
+import signal
+import xml.etree.ElementTree as ET
+
+from tests.conftest import Subpytest
+
+FNS = """
+import torch, torch.distributed as tdist
+from torch import nn
+
+def bn_net():
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(4 * 8 * 8, 5))
+
+def batch(step, n=8):
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(n, 3, 8, 8, generator=g), torch.randint(0, 5, (n,), generator=g)
+
+def block():                         # rank 0 blocks outside any collective; the others wait for it
+    import time
+    if tdist.get_rank() == 0:
+        time.sleep(600)
+    tdist.barrier()
+
+def other_collective():              # collective #2: rank 1 broadcasts, the others all-gather
+    t = torch.ones(4)
+    tdist.all_reduce(t)
+    if tdist.get_rank() == 1:
+        tdist.broadcast(t, 0)
+    else:
+        tdist.all_gather([torch.empty(4) for _ in range(tdist.get_world_size())], t)
+"""
+
+TESTS = """
+import pytest
+import junit_fns as F
+
+@pytest.mark.gpu2
+def test_batchnorm(dist):
+    dist.assert_parity("ddp", F.bn_net, F.batch, steps=2)
+
+@pytest.mark.gpu4
+def test_hang(dist):
+    dist.run(F.block, timeout=5)
+
+@pytest.mark.gpu4
+def test_desync(dist):
+    dist.run(F.other_collective, timeout=5)
+"""
+
+
+class _Dir:
+    def __init__(self, path):
+        self.path = path
+
+
+def test_the_junit_message_carries_the_cause(tmp_path):
+    sp = Subpytest(_Dir(tmp_path))
+    (tmp_path / "junit_fns.py").write_text(FNS)
+    (tmp_path / "test_junit_inner.py").write_text(TESTS)
+    xml = tmp_path / "junit.xml"
+    try:
+        rc, out = sp.run("--mgpu-fallback=cpu", "-p", "no:randomly", f"--junitxml={xml}", timeout=300)
+    finally:
+        for p in sp.leftovers(timeout=10):
+            os.kill(p, signal.SIGKILL)
+    assert rc == 1 and "3 failed" in out, out
+    messages = {case.get("name"): case.find("failure").get("message")
+                for case in ET.parse(xml).getroot().iter("testcase") if case.find("failure") is not None}
+    for name, words in {
+        "test_batchnorm[gpu2]": ["diverges from one device at step 0", "likely cause: BatchNorm without SyncBatchNorm. "
+                                 "Fix: convert with torch.nn.SyncBatchNorm.convert_sync_batchnorm"],
+        "test_hang[gpu4]": ["rank(s) failed (hung)", "first cause: rank 0 did not finish within 5s (hung",
+                            "fix: "],
+        "test_desync[gpu4]": ["collectives disagree (flight recorder): collective #2: rank 1 entered broadcast"],
+    }.items():
+        head = messages[name.replace("[gpu2]", "").replace("[gpu4]", "")] if name not in messages else messages[name]
+        for w in words:
+            assert w in head[:500], f"{name}: {w!r} not in the first 500 characters:\n{head[:500]}"
