@@ -183,7 +183,7 @@ RULES = ("shadow", "twin", "both", "plugin")
 
 def _twin_agrees(row, facts) -> bool:
     """Rank 0's decision after step 0: retire the shadow where the twin's loss agrees."""
-    from pytest_mgpu.parity.tolerance import twin_loss_agrees
+    from pytest_mgpu.parity.judge.tolerance import twin_loss_agrees
 
     loss = next((t for t in row["tensors"] if t[0] == 0 and t[1] == "loss"), None)
     if loss is None or loss[5] is None or loss[7] is None or loss[4] == 0:
@@ -213,7 +213,7 @@ def ratio(row, rule: str) -> float:
 
 
 def analyze(path: Path) -> None:
-    from pytest_mgpu.parity.tolerance import MULTIPLE
+    from pytest_mgpu.parity.judge.tolerance import MULTIPLE
 
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     table = defaultdict(dict)

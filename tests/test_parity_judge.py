@@ -14,7 +14,7 @@ from pytest_mgpu.parity.engine import judge
 from pytest_mgpu.parity.records import RankResult, RunFacts, StepRecord, TensorError
 from pytest_mgpu.parity.registry import exactness, resolve
 from pytest_mgpu.parity.runners.staged import auto_split_points
-from pytest_mgpu.parity.tolerance import MULTIPLE, derive_tolerance, measure_tolerance
+from pytest_mgpu.parity.judge.tolerance import MULTIPLE, derive_tolerance, measure_tolerance
 
 
 def _err(kind="grad", name="w", norm_err=0.0, norm_ref=1.0, max_abs=None, numel=4, ratio=1.0):

@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 from pytest_mgpu.cuda_only import cuda_only_call, user_lines
-from pytest_mgpu.parity.step_recorder import StepRecorder, StopTraining
-from pytest_mgpu.parity.vacuous import VACUOUS, nothing_compared
-from pytest_mgpu.parity.watch import Watch, fingerprint
+from pytest_mgpu.parity.record.step_recorder import StepRecorder, StopTraining
+from pytest_mgpu.parity.judge.vacuous import VACUOUS, nothing_compared
+from pytest_mgpu.parity.record.watch import Watch, fingerprint
 
 
 def _loop(epochs=50, deepcopy=False, lr=0.1, detach=False):

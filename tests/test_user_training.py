@@ -63,7 +63,7 @@ def test_ranks_taking_world_size_times_the_steps_are_told_no_distributed_sampler
 
 
 def _names_in_rank(world_size):
-    from pytest_mgpu.parity.recorder import Recorder
+    from pytest_mgpu.parity.record.recorder import Recorder
 
     return B.wrapped_names(Recorder(), world_size)
 

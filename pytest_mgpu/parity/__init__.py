@@ -5,7 +5,7 @@
 from .engine import assert_parity, cross_entropy, sgd_momentum
 from .report import ParityError, ParityReport
 from .registry import STRATEGIES, StrategyError
-from .tolerance import Tolerance
+from .judge.tolerance import Tolerance
 
 __all__ = [
     "STRATEGIES",

@@ -14,7 +14,7 @@ from ..launch.errors import RankFailure
 from . import registry
 from .records import ParityJob, Portable
 from .report import ParityError, ParityReport
-from .tolerance import Tolerance, derive_tolerance, measure_tolerance
+from .judge.tolerance import Tolerance, derive_tolerance, measure_tolerance
 
 
 def sgd_momentum(params):

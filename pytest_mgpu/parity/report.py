@@ -10,9 +10,9 @@ import math
 from dataclasses import dataclass, field
 from typing import List, Literal, Optional, Tuple
 
-from . import diagnose
+from .hints import diagnose
 from .records import KINDS, Kind, RunFacts, StepRecord, TensorError
-from .tolerance import Tolerance
+from .judge.tolerance import Tolerance
 
 # How per_step measures a kind's worst error: norm-wise relative (judged), elementwise relative, absolute.
 Metric = Literal["rel", "max_rel", "max_abs"]

@@ -20,7 +20,7 @@ import math
 from typing import Dict, Optional, Tuple
 
 from .batches import batch_len, call_model, shard_indices, split_micro, to_float64, tree_index, tree_to
-from .distance import gap
+from .judge.distance import gap
 from .records import StepRecord
 
 

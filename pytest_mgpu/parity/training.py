@@ -21,16 +21,16 @@ import warnings
 from typing import Dict, List, Optional, Tuple
 
 from ..launch.errors import RankFailure
-from .distance import compare, tensor_error
+from .judge.distance import compare, tensor_error
 from .engine import ParityError, ParityReport, judge
-from .hints import UserFacts, replica_name
-from .layout import Layout
-from .loop_hints import side_facts
-from .loops import Gaps, LoopJob, Record, SideResult, run_loop
-from .recorder import SideLog
+from .hints.numbers import UserFacts, replica_name
+from .judge.layout import Layout
+from .hints.loops import side_facts
+from .record.loops import Gaps, LoopJob, Record, SideResult, run_loop
+from .record.recorder import SideLog
 from .records import Portable, RankResult, StepRecord, TensorError
-from .tolerance import EPS
-from .vacuous import nothing_compared
+from .judge.tolerance import EPS
+from .judge.vacuous import nothing_compared
 
 RECORDS = ("log", "optimizer")
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from .engine import ParityError, ParityReport, cross_entropy, judge, sgd_momentum
-from .hints import UserFacts
+from .hints.numbers import UserFacts
 from .batches import call_model, to_float64, tree_to
-from .distance import compare, gap
+from .judge.distance import compare, gap
 from .records import Portable, RankResult, RunFacts, StepRecord
 from .worker import build_model, copy_by_name, model_facts
 

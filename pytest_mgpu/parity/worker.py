@@ -18,12 +18,12 @@ import os
 from typing import Dict, List, Optional
 
 from .batches import batch_len, call_model, tree_to
-from .distance import compare, tensor_error
+from .judge.distance import compare, tensor_error
 from .records import ParityJob, RankResult, RunFacts, StepRecord
 from .registry import STRATEGIES, exactness
 from .runners import make_runner
 from .shadow import Shadow, Twin, attach_floors
-from .tolerance import twin_loss_agrees
+from .judge.tolerance import twin_loss_agrees
 
 
 @contextlib.contextmanager

@@ -13,10 +13,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Literal, Optional, Tuple
 
-from .distance import gap
+from ..judge.distance import gap
 from .loop_companions import LOW, float64_dispatch, split_sums
 from .recorder import Recorder, SideLog
-from .records import Portable
+from ..records import Portable
 from .step_recorder import StepRecorder, StopTraining
 from .watch import Watch
 
@@ -63,7 +63,7 @@ class NoShadow(BaseException):
 
 def run_loop(job: LoopJob) -> SideResult:
     """Runs in each rank, or in the reference's process."""
-    from .._context import rank_context
+    from ..._context import rank_context
 
     ctx = rank_context()
     fn = job.fn.load()
@@ -100,7 +100,7 @@ def run_side(job: LoopJob, fn, rank: int, tag: str = "", mode=None,
 
     if not job.spawn:
         return loop(), []
-    from ..spawn_mode import without_group
+    from ...spawn_mode import without_group
 
     out = without_group(job.prefix + tag, loop)
     return out.value, out.notes
@@ -125,7 +125,7 @@ def add_companions(result: SideResult, job: LoopJob, fn, seed: int) -> None:
     low = any(d in LOW for d in (side.autocast, side.dtype, side.loss_dtype))
     if result.shadow and not low and os.environ.get(COMPANIONS_ENV) != "both":
         return
-    from ..launch.rank import seed_everything
+    from ...launch.rank import seed_everything
 
     seed_everything(seed)
     try:
@@ -145,7 +145,7 @@ def run_shadow(job: LoopJob, fn, seed: int) -> Tuple[Optional[SideLog], str]:
     random draws; (None, why) where it cannot run or keeps another dtype."""
     import torch
 
-    from ..launch.rank import seed_everything
+    from ...launch.rank import seed_everything
 
     pins: List[str] = []
     asked = lambda: f"; that dtype was asked for at {'; '.join(pins)}" if pins else ""  # noqa: E731

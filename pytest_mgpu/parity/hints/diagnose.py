@@ -8,12 +8,12 @@ from typing import Callable, Final, List, Tuple
 
 from tabulate import tabulate
 
-from ..brief import brief
+from ...brief import brief
 
-from .hints import Report, common_factor, number_hints
-from .loop_hints import loop_hints
-from .records import KINDS, RunFacts, TensorError
-from .tolerance import DATA_PARALLEL
+from .numbers import Report, common_factor, number_hints
+from .loops import loop_hints
+from ..records import KINDS, RunFacts, TensorError
+from ..judge.tolerance import DATA_PARALLEL
 
 WORST_ROWS = 10
 

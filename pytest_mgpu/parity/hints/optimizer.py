@@ -10,7 +10,7 @@ from typing import List, Optional, Tuple
 Hint = Tuple[int, str]  # (the step of its evidence, the words): the earliest is said first
 NONE: Hint = (0, "")
 
-from .hints import UserFacts
+from .numbers import UserFacts
 
 SAME_LR = 1e-9  # relative: one schedule computes the same float on both sides
 SAME_CLIP = 1e-2  # relative: a clip factor from the same norm, up to the sides' roundoff

@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Literal, Optional, Tuple
 
-from .records import RunFacts, StepRecord, TensorError
+from ..records import RunFacts, StepRecord, TensorError
 
 # Unit roundoff of each dtype (torch.finfo(dtype).eps); "tf32" is fp32 on TF32 tensor cores.
 EPS = {"float64": 2.22e-16, "float32": 1.19e-7, "tf32": 9.77e-4, "bfloat16": 7.81e-3, "float16": 9.77e-4}

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from .recorder import SideLog, StepLog
+from ..record.recorder import SideLog, StepLog
 
 SAME_LOSS = 1e-6  # relative: peers' copies of one replicated loss (bitwise in practice)
 

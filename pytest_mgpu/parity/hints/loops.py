@@ -1,5 +1,5 @@
 """Hints for the user's own training loops (``assert_same_training``), read from what each side's
-loop was seen doing (``watch.py``, ``step_recorder.py``), each naming its evidence and the fix:
+loop was seen doing (``record.watch``, ``record.step_recorder``), each naming its evidence and the fix:
 
 - the rows the sides trained on: every rank the same rows (no DistributedSampler), or, for a
   tensor-parallel model, ranks with different rows (rank-dependent inputs: the bug there); the
@@ -16,11 +16,11 @@ import math
 from collections import Counter
 from typing import List
 
-from .hints import Report, UserFacts, common_factor
-from .layout import Layout
-from .schedule_hints import clip_hint, schedule_hint, state_hint
-from .recorder import SideLog
-from .vacuous import never_moved, zero_grads
+from .numbers import Report, UserFacts, common_factor
+from ..judge.layout import Layout
+from .optimizer import clip_hint, schedule_hint, state_hint
+from ..record.recorder import SideLog
+from ..judge.vacuous import never_moved, zero_grads
 
 REFERENCE = "reference_fn"
 

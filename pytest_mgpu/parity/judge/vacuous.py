@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import List, Tuple
 
-from .recorder import SideLog
+from ..record.recorder import SideLog
 
 VACUOUS = "nothing was compared"
 

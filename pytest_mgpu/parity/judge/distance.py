@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Dict, List
 
-from .records import Kind, TensorError
+from ..records import Kind, TensorError
 
 
 def norm(t) -> float:

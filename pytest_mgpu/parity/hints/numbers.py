@@ -17,7 +17,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from .records import RunFacts, TensorError
+from ..records import RunFacts, TensorError
 
 # The reports these read are parity.report's ParityReport; typed as Any so that this module and
 # diagnose, which parity.report imports, import nothing back (data flows one way).
@@ -34,7 +34,7 @@ class UserFacts(RunFacts):
     rank_batchnorm: List[str] = field(default_factory=list)  # BatchNorm in training mode on the ranks
     stage_of: Dict[str, str] = field(default_factory=dict)  # reference parameter name -> user stage
     output_order: Optional[List[int]] = None  # user output row i is reference row output_order[i]
-    # The user's training loops (assert_same_training), read by loop_hints:
+    # The user's training loops (assert_same_training), read by hints.loops:
     rank_rows: List[List[List[float]]] = field(default_factory=list)  # per step, per rank: input rows
     ref_rows: List[List[float]] = field(default_factory=list)  # per step: the reference's input rows
     ref_losses: List[float] = field(default_factory=list)  # per step: the reference's loss
@@ -127,7 +127,7 @@ def _factor(report: Report, f: UserFacts) -> str:
 
 def _same_losses(f: UserFacts) -> str:
     # tensor parallel: every rank computes the same loss by design; with input rows recorded,
-    # loop_hints says it from the rows themselves
+    # hints.loops says it from the rows themselves
     if f.world_size < 2 or not f.rank_losses or f.tensor_parallel or any(f.rank_rows):
         return ""
     if not all(len(set(losses)) == 1 for losses in f.rank_losses):
@@ -148,7 +148,7 @@ def _replica_grads_differ(report: Report) -> bool:
 def _replicas(report: Report, f: UserFacts) -> str:
     bad = [(s, e) for s, e, _ in report.failures() if _replica(e) is not None]
     if not bad or f.tp_inputs_differ:
-        return ""  # tensor parallel with rank-dependent inputs: loop_hints names the inputs
+        return ""  # tensor parallel with rank-dependent inputs: hints.loops names the inputs
     step, first = bad[0]
     ranks = sorted({_replica(e) for _, e in bad})
     kinds = {e.kind for s, e in bad if s == step}
