@@ -30,8 +30,10 @@ def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Lay
     steps = len(ref.steps)
     facts.ref_rows = [s.rows for s in ref.steps]
     facts.ref_losses = [s.loss for s in ref.steps]
-    facts.rank_rows = [[side.steps[i].rows for side in ranks] for i in range(steps)]
-    facts.data_groups = layout.groups
+    # a pipeline's later stages take activations, not the batch: the rows are the first stage's
+    first = layout.stages[0] if layout.pipeline else list(range(len(ranks)))
+    facts.rank_rows = [[ranks[r].steps[i].rows for r in first] for i in range(steps)]
+    facts.data_groups = [[first.index(r) for r in g if r in first] for g in layout.groups if set(g) & set(first)]
     facts.tensor_parallel = layout.tensor_parallel or any(side.tensor_parallel for side in ranks)
     facts.dropout = [f"{n} in {REFERENCE}" for n in ref.dropout] + \
         [f"{n} in fn on the ranks" for n in dict.fromkeys(n for side in ranks for n in side.dropout)]
