@@ -185,7 +185,8 @@ def resnet50_fsdp_step(batch: int = 2, size: int = 32) -> Dict[str, int]:
 def counted(fn, *args, **kwargs):
     """Run ``fn`` on a real rank under PyTorch's own ``CommDebugMode``: its collective counts (public
     names), an independent count to hold the simulated tier's against; and its value, with the peak
-    tensor memory the simulated tier's tracker sees on this real rank."""
+    tensor memory and the bytes per op the simulated tier's tracker sees on this real rank (real process
+    groups: their true sizes)."""
     from torch.distributed.tensor.debug import CommDebugMode
 
     from pytest_mgpu.simulate.instruments import Instruments
@@ -193,7 +194,8 @@ def counted(fn, *args, **kwargs):
 
     with CommDebugMode() as mode, Instruments() as tracker:
         value = fn(*args, **kwargs)
-    return {public_name(str(op)): n for op, n in mode.get_comm_counts().items()}, dict(value, peak=tracker.whole.peak)
+    return ({public_name(str(op)): n for op, n in mode.get_comm_counts().items()},
+            dict(value, peak=tracker.whole.peak, sent=dict(tracker.whole.sent_by_op)))
 
 
 def counted_plans(tp: int) -> Dict[str, Any]:

@@ -103,6 +103,8 @@ def test_simulated_rank_matches_the_real_tier(dist):
         counts, figures = real[n - 1][plan]
         rows.append((plan, counts, sim.collectives, figures, dict(sim.memory, peak=sim.peak_bytes)))
         assert sim.collectives == counts, f"{plan}: simulated {sim.collectives}, real {counts}"
+        assert sim.comm_bytes_by_op == figures["sent"], \
+            f"{plan} bytes per op: simulated {sim.comm_bytes_by_op}, real {figures['sent']}"
         for key in ("params", "grads", "optimizer"):
             assert sim.memory[key] == figures[key], f"{plan} {key}: simulated {sim.memory[key]}, real {figures[key]}"
         if dist.device_type == "cpu":  # the same allocations in the same order (GPUs: streams defer frees)

@@ -100,4 +100,5 @@ def test_sequence_parallel_fed_one_shard_everywhere_is_named(dist):
         dist.assert_same_training(functools.partial(M.sequence_parallel, bug="same_rows_everywhere"),
                                   functools.partial(M.toy_one_device, dist.world_size), steps=4, record="optimizer")
     text = str(info.value)
-    assert "loss is scaled by the world size" not in text
+    assert "likely cause: every tensor-parallel peer fed the same rows. Fix: feed each rank its shard" in text, text
+    assert "loss is scaled by the world size" not in text and "batch_size x 1" not in text

@@ -37,6 +37,16 @@ def meshes(tp: int):
     return flat.size(), grid.shape, grid.get_coordinate(), grid["tp"].size(), grid["dp"].size()
 
 
+def sub_meshes(tp: int, n: int = 1000):
+    """A raw c10d all_reduce over the tp sub-group and an all-gather over the dp one of a 2-D mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    grid = init_device_mesh("cpu", (tdist.get_world_size() // tp, tp), mesh_dim_names=("dp", "tp"))
+    tdist.all_reduce(torch.ones(n), group=grid.get_group("tp"))
+    dp = grid["dp"].size()
+    tdist.all_gather_into_tensor(torch.empty(dp * n), torch.ones(n), group=grid.get_group("dp"))
+
+
 def train(steps: int = 2, marked: bool = False):
     """A Linear(1000, 100) under SGD with momentum: params, grads and momentum of 100,100 floats."""
     model = nn.Linear(1000, 100)
@@ -189,6 +199,14 @@ def test_what_cannot_travel_is_refused_naming_simulate():
         simulate(lambda: 1, world_size=2)
     with pytest.raises(SettingsError, match=r"simulate\(timeout=\.\.\.\) must be a positive"):
         simulate(collectives, world_size=2, timeout=0)
+
+
+@pytest.mark.parametrize("world,tp", [(8, 2), (1024, 8)])
+def test_bytes_on_a_sub_mesh_are_counted_by_its_group_size(world, tp):
+    sim = simulate(sub_meshes, tp, world_size=world, rank=world - 1)
+    dp, n = world // tp, 1000 * 4
+    assert sim.comm_bytes_by_op == {"all_reduce": 2 * (tp - 1) * n // tp, "all_gather_into_tensor": (dp - 1) * n}
+    assert sim.comm_bytes == sum(sim.comm_bytes_by_op.values())
 
 
 def test_a_group_of_one_sends_nothing():

@@ -55,7 +55,7 @@ def simulate(fn, *args, world_size: int, rank: int = 0, timeout: Optional[float]
     sim = Simulation(world_size=world_size, rank=rank, value=record.value, collectives=record.collectives,
                      comm_bytes=record.comm_bytes, peak_bytes=record.peak_bytes, memory=record.memory,
                      steps=record.steps, wall_s=record.wall_s, call_s=time.perf_counter() - t0,
-                     fn=ref.qualname)
+                     fn=ref.qualname, comm_bytes_by_op=record.comm_bytes_by_op)
     defaults.done.append(sim)
     return sim
 

@@ -68,7 +68,7 @@ def run_simulated(call: SimCall) -> SimRecord:
     steps = ins.steps()
     record = SimRecord(value=value, collectives=dict(ins.whole.collectives), comm_bytes=ins.whole.sent,
                        peak_bytes=ins.whole.peak, memory=steps[-1].memory if steps else end, steps=steps,
-                       wall_s=wall)
+                       wall_s=wall, comm_bytes_by_op=dict(ins.whole.sent_by_op))
     if tdist.is_initialized():
         tdist.destroy_process_group()
     return record

@@ -36,11 +36,12 @@ class _Tally:
         self.name, self.t0 = name, time.perf_counter()
         self.collectives: Counter = Counter()
         self.sent = 0
+        self.sent_by_op: Counter = Counter()
         self.peak = live
 
     def close(self, memory: MemoryFigures) -> StepFigures:
         return StepFigures(self.name, dict(self.collectives), self.sent, self.peak, memory,
-                           time.perf_counter() - self.t0)
+                           time.perf_counter() - self.t0, dict(self.sent_by_op))
 
 
 def _dispatch_mode():
@@ -87,6 +88,7 @@ class Instruments(_dispatch_mode()):  # type: ignore[misc]
         for tally in self._tallies():
             tally.collectives[wire.name] += 1
             tally.sent += sent
+            tally.sent_by_op[wire.name] += sent
 
     def _tallies(self) -> List[_Tally]:
         return [t for t in (self.whole, self._auto, self._marked) if t is not None]

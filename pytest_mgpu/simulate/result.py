@@ -70,6 +70,7 @@ class StepFigures:
     peak_bytes: int
     memory: MemoryFigures  # at the step's end
     wall_s: float
+    comm_bytes_by_op: Dict[str, int] = field(default_factory=dict)  # op name -> bytes sent
 
 
 @dataclass
@@ -83,6 +84,7 @@ class SimRecord:
     memory: MemoryFigures
     steps: List[StepFigures]
     wall_s: float
+    comm_bytes_by_op: Dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -90,7 +92,7 @@ class Simulation:
     """One call of ``fn`` as rank ``rank`` of a fake process group of ``world_size`` ranks.
 
     ``collectives``: op name -> count; ``comm_bytes``: the bytes this rank sends (ring convention,
-    ``simulate.wire``); ``peak_bytes``: the most tensor memory alive at once; ``memory``: at the end of
+    ``simulate.wire``), and ``comm_bytes_by_op`` the same per op name; ``peak_bytes``: the most tensor memory alive at once; ``memory``: at the end of
     the last step (or of the call when there were no steps); ``steps``: per-step figures."""
 
     world_size: int
@@ -104,6 +106,7 @@ class Simulation:
     wall_s: float = 0.0  # fn in the simulated rank
     call_s: float = 0.0  # the whole simulate() call: process start, fn, return
     fn: str = ""
+    comm_bytes_by_op: Dict[str, int] = field(default_factory=dict)
 
     def format(self, tablefmt: str = "simple") -> str:
         """A heading and one row per step, then the whole call, as the timing report draws tables."""

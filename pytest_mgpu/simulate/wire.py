@@ -111,9 +111,16 @@ def _tensors(obj) -> list:
 
 
 def _group_size(group) -> int:
-    """The size of a process group, given as the group (c10d ops) or its name (functional ops)."""
+    """The size of a process group, given as the group (boxed, in c10d ops) or its name (functional
+    ops); the world size where it cannot be read."""
+    import torch
     import torch.distributed as tdist
 
+    if isinstance(group, torch.ScriptObject):  # a raw c10d op carries its group boxed
+        try:
+            group = tdist.ProcessGroup.unbox(group)
+        except Exception:  # noqa: BLE001 - not a process group (a ReduceOp, a Work): the fallback below
+            pass
     size = getattr(group, "size", None)
     if callable(size):
         return int(size())

@@ -121,6 +121,15 @@ def _tp_rows(f: UserFacts, step: int, ref: List[float], ranks: List[List[float]]
         peers = [r for r in g if r < len(ranks)]
         differs = [r for r in peers[1:] if _key(ranks[r]) != _key(ranks[peers[0]])]
         if not differs:
+            mine = ranks[peers[0]]
+            if len(f.data_groups) == 1 and len(peers) > 1 and len(ref) == len(peers) * len(mine) \
+                    and not (_key(mine) - _key(ref)):
+                return (f"every tensor-parallel peer fed the same rows: at step {step} ranks "
+                        f"{', '.join(map(str, peers))} each fed the same {len(mine)} rows, while the reference "
+                        f"trained {len(ref)} = {len(peers)} x {len(mine)}: with sequence-sharded inputs "
+                        "(input_layouts=Shard(0)) each peer holds its own shard of the batch. Fix: feed each "
+                        "rank its shard of the rows, or give the plan Replicate() input layouts and the whole "
+                        "batch on every rank.")
             continue
         together = sum((_key(ranks[r]) for r in peers), Counter())
         if not (together - _key(ref)):
