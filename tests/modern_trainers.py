@@ -172,3 +172,47 @@ def toy_one_device(world, steps=4, rows=4, bug=""):
         model(_toy_rows(step, world * rows)).sum().backward()
         optimizer.step()
         optimizer.zero_grad()
+
+
+CUTS = {2: [0, 4, 7], 4: [0, 2, 4, 6, 7]}  # stage boundaries over the 7 modules below
+
+
+def _deep():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                         nn.Linear(32, 4))
+
+
+def pipeline(steps=4, micro=2, rows=8, bug=""):
+    """torch.distributed.pipelining as torchtitan uses it: every rank builds the whole model and keeps
+    its stage (an nn.Sequential slice keeps the layers' names), GPipe over `micro` micro-batches."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    rank, world = tdist.get_rank(), tdist.get_world_size()
+    cuts = CUTS[world]
+    stage_mod = _deep()[cuts[rank]:cuts[rank + 1]]
+    stage = PipelineStage(stage_mod, rank, world, torch.device("cpu"))
+    schedule = ScheduleGPipe(stage, n_microbatches=micro, loss_fn=F.cross_entropy)
+    optimizer = torch.optim.SGD(stage_mod.parameters(), lr=0.1, momentum=0.9)
+    for step in range(steps):
+        x, y = batch(step, rows)
+        if bug == "detached_stage" and rank == world - 1:
+            stage_mod.requires_grad_(False)
+        if rank == 0:
+            schedule.step(x)
+        elif rank == world - 1:
+            schedule.step(target=y)
+        else:
+            schedule.step()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def pipeline_one_device(steps=4, rows=8, **_):
+    model = _deep()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(steps):
+        x, y = batch(step, rows)
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()

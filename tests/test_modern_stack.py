@@ -102,3 +102,11 @@ def test_sequence_parallel_fed_one_shard_everywhere_is_named(dist):
     text = str(info.value)
     assert "likely cause: every tensor-parallel peer fed the same rows. Fix: feed each rank its shard" in text, text
     assert "loss is scaled by the world size" not in text and "batch_size x 1" not in text
+
+
+@SIZES
+def test_a_pipeline_schedule_is_judged_stage_by_stage(dist):
+    report = dist.assert_same_training(M.pipeline, M.pipeline_one_device, steps=4, record="optimizer")
+    notes = "\n".join(report.notes)
+    assert f"{dist.world_size} pipeline stages" in notes, notes
+    assert report.errors("loss") and not any(e.missing for e in report.errors()), "every stage matched, the loss too"
