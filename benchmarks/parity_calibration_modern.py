@@ -5,7 +5,7 @@ equivalents of modern public trainers through the real plugin (``record="optimiz
 FSDP2 (fully_shard per block, AdamW, clip_grad_norm_), FSDP2 with a DCP save / rebuild / load, DDP with
 gradient accumulation (no_sync) and StepLR, sequence parallel, tensor parallel, 2-D FSDP x TP (4 ranks:
 dp 2 x tp 2) and DDP on uneven data or with a rebuilt model. The trainers are tests/modern_trainers.py
-(self-seeded: one run per world size) and benchmarks/modern_trial_trainers.py (a copy of a held-out
+(self-seeded: one run per world size) and tests/modern_public.py (the modern stack's public trainers; once a held-out
 trial set written by another engineer; its model init follows the test's seed except the TP example's).
 
 Correct runs: several seeds, world sizes 2 and 4, ``--steps`` optimizer steps (default 12; a list such as
@@ -45,7 +45,7 @@ MODERN_FILE = '''
 import functools, json, os, time, pytest
 from pytest_mgpu import ParityError
 from tests import modern_trainers as M
-import modern_trial_trainers as T
+from tests import modern_public as T
 
 P = functools.partial
 OUT = os.environ["CALIBRATION_OUT"]
