@@ -36,7 +36,8 @@ class RankContext:
         import torch
 
         if self.device_type == "cuda":
-            return torch.device("cuda", self.device_index)
+            # torch accepts index None (the current device) at runtime; its stub says int
+            return torch.device("cuda", self.device_index)  # type: ignore[arg-type]
         return torch.device("cpu")
 
 

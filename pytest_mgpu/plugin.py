@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from typing import Optional, Set
 
 import pytest
 
@@ -85,6 +86,7 @@ def pytest_report_header(config):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     names = [m.name for m in item.iter_markers()]
+    problem: Optional[str]
     try:
         world_size = markers.world_size_of(names)
     except markers.MarkerError as exc:
@@ -191,6 +193,7 @@ def dist(request):
 
 def _test_timeout(item, session: MgpuSession):
     """The test's limit per dist call: its ``mgpu_timeout`` marker, else --mgpu-timeout / ini."""
+    problem: Optional[str]
     try:
         found = markers.marker_timeout(item)
     except markers.MarkerError as exc:
@@ -209,7 +212,7 @@ class _Recorder:
 
     def __init__(self, session: MgpuSession):
         self.session = session
-        self.skipped = set()
+        self.skipped: Set[str] = set()
 
     def pytest_runtest_logreport(self, report):
         if report.skipped:

@@ -19,7 +19,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Final, Literal, Mapping, Optional, Tuple, get_args
+from typing import Callable, Final, Iterable, Literal, Mapping, Optional, Tuple, cast, get_args
 
 from .devices import FALLBACKS
 from .timing.rule import DEFAULT_THRESHOLD
@@ -336,8 +336,9 @@ def resolve_timing(option: Callable[[str], object], ini: Callable[[str], object]
     here = Path(invocation_dir) if invocation_dir is not None else Path.cwd()
     baselines = src.pick(BASELINES)
     base = {"command line": here, "ini": rootpath}.get(baselines.source)
-    raw_reports = option(REPORT.dest) or []
-    reports = tuple(here / str(r) for r in ([raw_reports] if isinstance(raw_reports, str) else raw_reports))
+    raw_reports = option(REPORT.dest) or []  # one path, or the list the repeatable option appends to
+    listed = [raw_reports] if isinstance(raw_reports, str) else cast(Iterable[object], raw_reports)
+    reports = tuple(here / str(r) for r in listed)
     for report in reports:
         if report.suffix.lower() not in REPORT_SUFFIXES:
             raise SettingsError(f"{REPORT.flag} writes .md, .json or .csv (by extension; no extension: "

@@ -18,10 +18,13 @@ import sys
 import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 from .cuda_only import add_cuda_hint
 from .launch.errors import RankFailure
+
+if TYPE_CHECKING:
+    from torch.distributed import Store
 from .parity.records import Portable
 
 _CALLS = itertools.count()  # in the test process: one store prefix per dist.spawn call
@@ -98,7 +101,7 @@ class Redirect:
     def __init__(self, ctx, host: str, port: int, prefix: str):
         self.ctx, self.host, self.port, self.prefix = ctx, host, port, prefix
         self.notes: List[str] = []
-        self._store = None
+        self._store: Optional[Store] = None
         self._inits = itertools.count()
         self.original: Optional[Callable] = None
 
@@ -155,6 +158,7 @@ class Redirect:
         if init_method not in (None, "env://") or store is not None:
             self._note(f"init_process_group({'store=...' if store is not None else repr(init_method)}) "
                        "joined this test's rendezvous instead")
+        assert self.original is not None  # set by installed(), the only way this method is reached
         return self.original(**kwargs)
 
     def _runnable(self, backend: Optional[str]) -> Optional[str]:

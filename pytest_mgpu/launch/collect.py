@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence
 
 from .attribution import attribute, is_communication_error, returned_early
 from .desync import Trace, first_disagreement
-from .errors import RankFailure, RankProblem, describe_exit, timeout_hint, unfinished_summary
+from .errors import ProblemKind, RankFailure, RankProblem, describe_exit, timeout_hint, unfinished_summary
 from .protocol import RankOutcome, safe_str
 from .unfinished import CpuWatch, Verdict, classify, collective_name, cpu_words, read, request_dumps
 
@@ -157,8 +157,9 @@ class _Waiter:
             waitables = [self.conns[r] for r in self.pending] + [self.procs[r].sentinel for r in self.pending]
             until = min(self.cpu.due(self.deadline()), self.deadline(), now + SIGNAL_POLL_S)
             ready = wait(waitables, timeout=until - now)
-            for r in sorted({self.by_conn.get(id(o), self.by_sentinel.get(o)) for o in ready} - {None}):
-                self.drain(r)
+            found = {self.by_conn.get(id(o), self.by_sentinel.get(o)) for o in ready}
+            for rank in sorted(k for k in found if k is not None):
+                self.drain(rank)
             for obj in ready:
                 r = self.by_sentinel.get(obj)
                 if r is not None and r in self.pending:
@@ -210,7 +211,7 @@ class _Waiter:
             self.got.problems.append(self.verdict_problem(r, v, took, stack))
 
     def verdict_problem(self, r: int, v: Verdict, took: str, stack: str) -> RankProblem:
-        kind = {"blocked": "hung"}.get(v.kind, v.kind)
+        kind: ProblemKind = "hung" if v.kind == "blocked" else v.kind
         if v.waiting_in is not None:
             where = f"blocked in {collective_name(v.waiting_in)}"
         else:

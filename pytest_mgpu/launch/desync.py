@@ -19,7 +19,7 @@ Plain Python; the same code reads gloo's recorder and NCCL's (the latter unteste
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set
+from typing import AbstractSet, Dict, List, Optional
 
 from .errors import ranks_words
 from .flight import Collective
@@ -37,7 +37,7 @@ class Trace:
         return self.collectives is not None or bool(self.last)
 
 
-def first_disagreement(traces: Dict[int, Trace], behind: Set[int] = frozenset()) -> str:
+def first_disagreement(traces: Dict[int, Trace], behind: AbstractSet[int] = frozenset()) -> str:
     """The first collective the ranks disagree on, as a sentence; "" when they agree (or too little
     is recorded). ``behind``: ranks still computing or starting, which are slow, not desynchronized."""
     traces = {r: t for r, t in traces.items() if t.known}
@@ -52,7 +52,7 @@ def first_disagreement(traces: Dict[int, Trace], behind: Set[int] = frozenset())
     return ""
 
 
-def _in_group(g: int, name: str, traces: Dict[int, Trace], behind: Set[int]) -> str:
+def _in_group(g: int, name: str, traces: Dict[int, Trace], behind: AbstractSet[int]) -> str:
     entries = {r: {c.seq: c for c in t.collectives or () if c.group == g} for r, t in traces.items()}
     last = {r: max([t.last.get(g, 0), *entries[r]]) for r, t in traces.items()}
     # every rank belongs to the default group; of another, only the ranks seen in it are known members

@@ -69,9 +69,9 @@ class RankFailure(Exception):
 
     def format(self) -> str:
         kinds = sorted({p.kind for p in self.primary()}) or sorted({p.kind for p in self.problems})
-        kinds = [_KIND_WORDS.get(k, k) for k in kinds]
+        words = [_KIND_WORDS.get(k, k) for k in kinds]
         causes = sorted(p.rank for p in self.primary())
-        head = (f"{len(self.problems)} rank(s) failed ({', '.join(kinds)}) in {self.what}: "
+        head = (f"{len(self.problems)} rank(s) failed ({', '.join(words)}) in {self.what}: "
                 f"rank(s) {', '.join(map(str, self.ranks))}")
         if causes and len(causes) < len(self.problems):
             head += f"; cause: rank(s) {', '.join(map(str, causes))}"

@@ -192,7 +192,9 @@ def _dump(entries: bool) -> Optional[dict]:
     try:
         from torch._C import _distributed_c10d as c10d
 
-        dumps = [c10d._dump_fr_trace] + ([c10d._dump_nccl_trace] if _CALL.backend == "nccl" else [])
+        # private torch functions, missing from torch's stubs (a missing one is caught below)
+        nccl = [c10d._dump_nccl_trace] if _CALL.backend == "nccl" else []  # type: ignore[attr-defined]
+        dumps = [c10d._dump_fr_trace] + nccl  # type: ignore[attr-defined]
         raws = [pickle.loads(fn(entries, False, False)) for fn in dumps]
     except Exception:
         return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import List, Set
+from typing import List, Optional, Set
 
 from .processes import end_descendants
 from .rank import leftover_note
@@ -19,7 +19,7 @@ class MutedThreads:
 
     def __init__(self, stream):
         self._stream = stream
-        self.muted: Set[int] = set()
+        self.muted: Set[Optional[int]] = set()
 
     def write(self, text: str) -> int:
         if threading.get_ident() in self.muted:
@@ -41,7 +41,7 @@ class CallWatch:
                 stream = MutedThreads(stream)
                 setattr(sys, name, stream)
             self.streams.append(stream)
-        self.before: Set[int] = set()
+        self.before: Set[Optional[int]] = set()  # Thread.ident: None before start
 
     def start(self) -> None:
         self.before = {t.ident for t in threading.enumerate()}

@@ -29,7 +29,8 @@ _NOISE = (os.sep + "_pytest" + os.sep, os.sep + "pluggy" + os.sep, os.sep + "pyt
 
 def main_thread_stack() -> str:
     """The Python stack of this process's main thread, without pytest's and the plugin's frames."""
-    frame = sys._current_frames().get(threading.main_thread().ident)
+    ident = threading.main_thread().ident
+    frame = sys._current_frames().get(ident) if ident is not None else None
     if frame is None:
         return "(no stack)"
     rows = [r for r in traceback.format_stack(frame) if not any(n in r.split("\n", 1)[0] for n in _NOISE)]
@@ -74,7 +75,7 @@ class Stderr:
 
     def __init__(self):
         try:
-            self._fd = os.dup(2)
+            self._fd: Optional[int] = os.dup(2)
         except OSError:
             self._fd = None
 

@@ -138,7 +138,7 @@ class RankTask:
     seed: int
     per_rank_seed: bool
     threads: int
-    fn: FnRef
+    fn: Optional[FnRef]  # None in a warm pool worker's task: each call brings its own
     payload: bytes
     log_path: str
     pg_timeout_s: float

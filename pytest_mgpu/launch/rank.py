@@ -14,7 +14,7 @@ import sys
 import time
 import traceback
 from datetime import timedelta
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from .._context import RankContext, set_rank_context, torch_devices
 from . import flight
@@ -35,7 +35,7 @@ def _release_forkserver() -> None:
     try:
         from multiprocessing import forkserver
 
-        fs = forkserver._forkserver
+        fs: Any = forkserver._forkserver  # private attributes, which typeshed does not declare
         if fs._forkserver_alive_fd is not None:
             os.close(fs._forkserver_alive_fd)
         fs._forkserver_alive_fd = None
@@ -256,6 +256,7 @@ def run_call(task: RankTask) -> RankOutcome:
     """Import the user's function, unpickle its arguments, run it; never raises."""
     t0 = time.perf_counter()
     try:
+        assert task.fn is not None  # a call's task names its function (only warm workers' lack one)
         fn = task.fn.resolve()
         args, kwargs = pickle.loads(task.payload)
     except BaseException as exc:

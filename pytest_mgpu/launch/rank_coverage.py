@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, cast
 
 ENV = "PYTEST_MGPU_COVERAGE"
 # Warnings that are true of a rank but not of the run: a rank that never imports a measured package,
@@ -63,7 +63,7 @@ def ranks_env(start_dir: str) -> Dict[str, str]:
         return {}
     config = cov.config
     data_file = os.path.join(start_dir or os.getcwd(), os.path.expanduser(config.data_file))
-    settings = {"data_file": os.path.abspath(data_file)}
+    settings: Dict[str, Any] = {"data_file": os.path.abspath(data_file)}
     if hasattr(config, "serialize"):  # coverage >= 7.10: every setting, exactly
         settings["config"] = config.serialize()
     else:  # older coverage: the file it read, and what pytest-cov passes on the command line
@@ -82,7 +82,8 @@ def _new_coverage(settings: dict):
                                 branch=settings["branch"], include=settings["include"],
                                 omit=settings["omit"], data_suffix=True)
     cov.set_option("run:data_file", settings["data_file"])
-    quiet = list(cov.get_option("run:disable_warnings") or [])
+    # get_option is typed as the union of every option's type; this one is a list of names
+    quiet = list(cast(Optional[List[str]], cov.get_option("run:disable_warnings")) or [])
     cov.set_option("run:disable_warnings", quiet + [w for w in QUIET if w not in quiet])
     return cov
 

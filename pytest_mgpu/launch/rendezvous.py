@@ -12,6 +12,10 @@ import os
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from torch.distributed import TCPStore
 
 HOST = "127.0.0.1"
 
@@ -28,8 +32,8 @@ class StoreServer:
 
     def __init__(self, host: str = HOST):
         self._host = host
-        self._store = None
-        self._pid = None
+        self._store: Optional[TCPStore] = None
+        self._pid: Optional[int] = None
         self._lock = threading.Lock()
         self._counter = itertools.count()
 

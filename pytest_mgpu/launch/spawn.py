@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import time
 import weakref
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..devices import usable_cpus
 from .base import LaunchResult, LaunchSpec
@@ -112,7 +112,7 @@ def stop_forkserver(wait_s: float = 2.0) -> None:
     bound (a leftover holder of the pipe would hang pytest), so the wait here is bounded."""
     from multiprocessing import forkserver, resource_tracker
 
-    fs = forkserver._forkserver
+    fs: Any = forkserver._forkserver  # private attributes, which typeshed does not declare
     with fs._lock:
         if _end_helper(fs, "_forkserver_alive_fd", "_forkserver_pid", wait_s):
             address, fs._forkserver_address = fs._forkserver_address, None
@@ -121,9 +121,15 @@ def stop_forkserver(wait_s: float = 2.0) -> None:
                     os.unlink(address)
                 except OSError:
                     pass
-    rt = resource_tracker._resource_tracker
+    rt: Any = resource_tracker._resource_tracker
     with rt._lock:
         _end_helper(rt, "_fd", "_pid", wait_s)
+
+
+def _pid(p: mp.Process) -> int:
+    """The pid of a started process (``Process.pid`` is None only before ``start()``)."""
+    assert p.pid is not None
+    return p.pid
 
 
 def _end_helper(obj, fd_name: str, pid_name: str, wait_s: float) -> bool:
@@ -217,13 +223,13 @@ class SpawnLauncher:
         finally:
             for p in procs:
                 if p.is_alive():
-                    kill_tree(p.pid)
+                    kill_tree(_pid(p))
             for p in procs:
                 p.join(JOIN_S)
                 if p.is_alive():  # pragma: no cover - SIGKILL did not take; say so rather than hide it
                     raise RuntimeError(f"rank process {p.pid} survived SIGKILL")
-                self._live.pop(p.pid, None)
-                kill_tree(p.pid)  # the rank's own children, if it left any in its group
+                self._live.pop(_pid(p), None)
+                kill_tree(_pid(p))  # the rank's own children, if it left any in its group
             for c in conns:
                 c.close()
             shutil.rmtree(logdir, ignore_errors=True)

@@ -10,7 +10,10 @@ import pickle
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    import torch
 
 from . import flight
 from .protocol import FnRef, RankOutcome, RankTask
@@ -44,7 +47,7 @@ class Fresh:
 
     env: Dict[str, str]
     cwd: str
-    dtype: object  # torch.set_default_dtype, and the dtype part of torch.set_default_tensor_type
+    dtype: torch.dtype  # torch.set_default_dtype, and the dtype part of torch.set_default_tensor_type
     device: object  # torch.set_default_device, and the device part of torch.set_default_tensor_type
     grad: bool
     deterministic: Tuple[bool, bool]

@@ -22,7 +22,7 @@ import contextlib
 import time
 import weakref
 from collections import Counter
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from .result import MemoryFigures, StepFigures
 from .steps import ACTIVE
@@ -115,7 +115,7 @@ class Instruments(_dispatch_mode()):  # type: ignore[misc]
         old = self._live.get(key)
         if old is None:
             self._live[key] = nbytes
-            self._refs[key] = weakref.ref(st, lambda _r, key=key: self._free(key))
+            self._refs[key] = weakref.ref(st, self._freer(key))
         elif old != nbytes:
             self._live[key] = nbytes
         else:
@@ -125,6 +125,10 @@ class Instruments(_dispatch_mode()):  # type: ignore[misc]
     def _free(self, key: int) -> None:
         self.live_bytes -= self._live.pop(key, 0)
         self._refs.pop(key, None)
+
+    def _freer(self, key: int) -> Callable[[object], None]:
+        """The weakref callback that forgets storage ``key`` once it is collected."""
+        return lambda _ref: self._free(key)
 
     def _resized(self, delta: int) -> None:
         self.live_bytes += delta

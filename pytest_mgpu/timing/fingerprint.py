@@ -16,7 +16,7 @@ import hashlib
 import json
 import platform
 from dataclasses import asdict, dataclass
-from typing import Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 from ..devices import usable_cpus
 
@@ -115,7 +115,8 @@ class Fingerprint:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Fingerprint":
-        return cls(**{k: d.get(k) for k in cls.__dataclass_fields__})
+        kw: Dict[str, Any] = {k: d.get(k) for k in cls.__dataclass_fields__}
+        return cls(**kw)
 
 
 def fingerprint(device_type: str = "cpu", device_names: Optional[Sequence[str]] = None) -> Fingerprint:

@@ -15,7 +15,7 @@ import math
 import statistics
 from dataclasses import asdict, dataclass
 from enum import Enum
-from typing import Final, Optional, Sequence
+from typing import Any, Dict, Final, Optional, Sequence
 
 from .units import fmt_time
 from .rule import DEFAULT_THRESHOLD, percent
@@ -81,9 +81,11 @@ class Verdict:
             SAME: "matches its baseline",
             UNDECIDABLE: "cannot be judged against its baseline",
         }[self.status]
+        delta = self.delta
+        assert delta is not None  # every status but NEW was judged against a baseline: a ratio
         text = (
             f"{head}: median {fmt_time(self.new_median)} vs baseline {fmt_time(self.baseline_median)} "
-            f"(x{self.ratio:.3f}, {self.delta * 100:+.1f}%; threshold {self.threshold * 100:+.0f}%), "
+            f"(x{self.ratio:.3f}, {delta * 100:+.1f}%; threshold {self.threshold * 100:+.0f}%), "
             f"Mann-Whitney p={self.p_value:.2g} (confidence {percent(self.confidence)}, "
             f"alpha {self.alpha:g}), n={self.n_new} vs {self.n_baseline}"
         )
@@ -124,7 +126,7 @@ def judge(
     base_median = statistics.median(baseline)
     ratio = new_median / base_median if base_median > 0 else math.inf
     test = mann_whitney(new, baseline)
-    common = dict(new_median=new_median, baseline_median=base_median, ratio=ratio, threshold=threshold,
+    common: Dict[str, Any] = dict(new_median=new_median, baseline_median=base_median, ratio=ratio, threshold=threshold,
                   alpha=alpha, n_new=len(new), n_baseline=len(baseline), baseline_source=baseline_source)
     if min_p(len(new), len(baseline)) >= alpha:
         return Verdict(UNDECIDABLE, p_value=min(test.p_greater, test.p_less), **common)

@@ -5,7 +5,7 @@ workers, the controller and report files (``TimingState.judge``)."""
 from __future__ import annotations
 
 import math
-from typing import Final, Mapping, Optional
+from typing import Dict, Final, Mapping, Optional, Tuple
 
 from .units import fmt_time
 from .pairing import RevisionStatus, RevisionVerdict
@@ -151,7 +151,7 @@ def revision_line(r: dict) -> str:
 
 def lane_notes(measurements) -> list:
     """One line per REV the run was measured against: what the head side was, and the rule."""
-    seen = {}
+    seen: Dict[Tuple[str, str], dict] = {}
     for d in measurements:
         r = d.get("revision")
         if r:

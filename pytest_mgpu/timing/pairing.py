@@ -39,7 +39,7 @@ import random
 import statistics
 from dataclasses import asdict, dataclass
 from enum import Enum
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 LEVEL = 0.99
 RESAMPLES = 4000  # 0.5% tails are then the 20th value from each end
@@ -178,7 +178,8 @@ def judge_pairs(head: Sequence[float], base: Sequence[float], threshold: float,
                                note=f"{why}: give this benchmark a larger min_run_time")
     est = block_mean(r, ks)
     lo, hi = bootstrap_interval(r, blocks=ks)
-    common = dict(ratio=math.exp(est), low=math.exp(lo), high=math.exp(hi), pairs=n, threshold=threshold)
+    common: Dict[str, Any] = dict(ratio=math.exp(est), low=math.exp(lo), high=math.exp(hi), pairs=n,
+                                  threshold=threshold)
     if lo > math.log1p(threshold):
         return RevisionVerdict(RevisionStatus.SLOWER, **common)
     if threshold < 1 and hi < math.log1p(-threshold):

@@ -64,9 +64,10 @@ def efficiency_lines(groups: Dict[str, List[Row]]) -> Dict[str, List[Tuple[int, 
             continue
         ref_row = min(ref, key=lambda r: r.world_size)
         for r in ref:
-            if not r.params and r.world_size > ref_row.world_size:
+            eff = r.efficiency
+            if eff is not None and not r.params and r.world_size > ref_row.world_size:
                 lines.setdefault(f"{group}: {r.strategy}", [(ref_row.world_size, 1.0)]).append(
-                    (r.world_size, r.efficiency))
+                    (r.world_size, eff))
     return {name: sorted(pts) for name, pts in lines.items()}
 
 

@@ -97,13 +97,13 @@ def _row(test: str, outcome: str, d: dict) -> Row:
 
 def _revision_row(history: Row, r: dict) -> Row:
     """The same measurement as its revision lane saw it: head vs base, from the pairs."""
-    heads = sorted(r.get("pairs_head") or [])
-    q1, q3 = (heads[len(heads) // 4], heads[(3 * len(heads)) // 4]) if heads else (None, None)
+    heads: List[float] = sorted(r.get("pairs_head") or [])
+    q1, q3 = (heads[len(heads) // 4], heads[(3 * len(heads)) // 4]) if heads else (math.nan, math.nan)
     head_median = r.get("head_median_s")
     return replace(
         history, lane="revision", verdict=r["verdict"], base_s=r.get("base_median_s"), n=len(heads),
         median_s=head_median if head_median is not None else math.nan,
-        iqr_s=(q3 - q1) if heads else math.nan, q1_s=q1 if heads else math.nan, q3_s=q3 if heads else math.nan,
+        iqr_s=q3 - q1, q1_s=q1, q3_s=q3,  # nan without pairs
         throughput=(history.batch_size / head_median) if history.batch_size and head_median else None,
         against=f"{r['rev']}@{r['short']}", head=messages.head_words(r), unstable="",
     )

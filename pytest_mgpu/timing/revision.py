@@ -316,6 +316,7 @@ class RevisionLane:
                                 RevisionVerdict(RevisionStatus.NEW, threshold=self.threshold), budget_s=budget)
         base_file = checkout.base_path(ref.file)
         if base_file is not None and not os.path.exists(base_file):
+            assert ref.file is not None  # base_path found a path for it
             rel = os.path.relpath(os.path.realpath(ref.file), checkout.repo)
             return self._unjudged(result, RevisionStatus.NEW, f"new in this change: {rel} does not exist at "
                                                               f"{checkout.label}")

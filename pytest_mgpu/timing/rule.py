@@ -100,7 +100,7 @@ class HistoryVerdict:
         return cls(**kw)
 
 
-def judge_history(x: Optional[float], history: Sequence[float], threshold: float = DEFAULT_THRESHOLD,
+def judge_history(x: Optional[float], history: Sequence[Optional[float]], threshold: float = DEFAULT_THRESHOLD,
                   alpha: float = ALPHA, min_history: int = MIN_HISTORY) -> HistoryVerdict:
     """Judge one launch's x against the x of earlier launches (same reference workload)."""
     hist = [h for h in history if h is not None and math.isfinite(h)]
@@ -125,8 +125,8 @@ def judge_history(x: Optional[float], history: Sequence[float], threshold: float
     return HistoryVerdict(status, x, n, threshold, alpha, center, sd, center + q * scale, p)
 
 
-def decide(x: Optional[float], history: Sequence[float], threshold: float = DEFAULT_THRESHOLD, unstable: str = "",
-           x_again: Optional[float] = None) -> HistoryVerdict:
+def decide(x: Optional[float], history: Sequence[Optional[float]], threshold: float = DEFAULT_THRESHOLD,
+           unstable: str = "", x_again: Optional[float] = None) -> HistoryVerdict:
     """The history lane's verdict on one measurement: the ONE function that decides it, in pytest
     (``TimingState.verdict``) and in ``python -m pytest_mgpu compare`` alike, so that the two never
     disagree on the same data (two deciders once called one measurement "+9.1% same" and

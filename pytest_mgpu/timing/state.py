@@ -16,6 +16,8 @@ from .measure import Measurement
 from .pairing import RevisionStatus
 from .stats import mann_whitney
 
+Outcome = Literal["passed", "failed", "skipped"]  # a test report's outcome
+
 PROPERTY = "mgpu_timing"  # user property (JSON text): the test's measurements with verdicts
 
 
@@ -24,7 +26,7 @@ class TestTiming:
     """The measurements of one test as the controller received them."""
 
     nodeid: str
-    outcome: Literal["passed", "failed", "skipped"]  # the test's call phase
+    outcome: Outcome  # the test's call phase
     measurements: List[dict]
 
 
@@ -96,7 +98,8 @@ class TimingState:
         """(failures, warnings): regression messages by gate mode, and warnings of short histories."""
         from .messages import describe, revision_line
 
-        fails, warns = [], []
+        fails: List[str] = []
+        warns: List[str] = []
         for d in judged:
             r = d.get("revision")
             if r and r["verdict"]["status"] == RevisionStatus.SLOWER.value:
@@ -109,7 +112,7 @@ class TimingState:
         return fails, warns
 
     # -- in the controller --------------------------------------------------------------------------
-    def collect(self, nodeid: str, outcome: str, user_properties) -> None:
+    def collect(self, nodeid: str, outcome: Outcome, user_properties) -> None:
         """Record a test's measurements from its call report; the same test again replaces them."""
         for name, value in user_properties:
             if name == PROPERTY:

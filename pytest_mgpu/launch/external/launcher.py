@@ -18,7 +18,7 @@ from ..base import LaunchResult, LaunchSpec
 from ..collect import raised_problem
 from ..control import Post, WorldBroken
 from ..desync import Trace, first_disagreement
-from ..errors import RankFailure, RankProblem, timeout_hint, unfinished_summary
+from ..errors import ProblemKind, RankFailure, RankProblem, timeout_hint, unfinished_summary
 from ..protocol import FnRef, RankOutcome, RankTask, safe_str, type_name
 from ..rank import run_call, seed_everything
 from ..unfinished import Verdict, classify, collective_name, cpu_words
@@ -85,7 +85,11 @@ class ExternalLauncher:
                 if dev.device_type == "cuda" else tuple(range(spec.test_devices or w.world_size))
             rank, size, local = 0, 1, 0
         else:
-            devices = (dev.device_index,) if dev.device_type == "cuda" else (0,)
+            if dev.device_type == "cuda":
+                assert dev.device_index is not None  # choose_device gives every cuda rank its index
+                devices = (dev.device_index,)
+            else:
+                devices = (0,)
             rank, size, local = w.rank, w.world_size, w.local_rank
         task = RankTask(
             rank=rank, world_size=size, local_rank=local, backend=dev.backend, device_type=dev.device_type,
@@ -153,7 +157,8 @@ class ExternalLauncher:
                  "blocked in a collective" if v.in_collective else "blocked outside any collective")
         summary = unfinished_summary(v.kind, f"{spec.timeout_s:g}s", f"the limit set by {spec.timeout_source}",
                                      cpu_words(v), where)
-        return RankProblem(r, {"blocked": "hung"}.get(v.kind, v.kind), summary, stack, waiting=v.in_collective)
+        kind: ProblemKind = "hung" if v.kind == "blocked" else v.kind
+        return RankProblem(r, kind, summary, stack, waiting=v.in_collective)
 
     def prewarm(self, spec: LaunchSpec) -> None:
         """Nothing to start: the job's processes are the ranks."""

@@ -12,6 +12,7 @@ import os
 import re
 import sys
 import tempfile
+from typing import TYPE_CHECKING, Optional, TextIO
 
 import pytest
 
@@ -21,6 +22,9 @@ from ...settings import EXTERNAL_OPTIONS, add_options
 from .detect import ENV_MODE, ExternalError, detect
 from ...workers import under_xdist
 from .session import ExternalSession
+
+if TYPE_CHECKING:
+    from _pytest._io import TerminalWriter
 
 EXTERNAL_KEY = pytest.StashKey["ExternalPlugin"]()
 
@@ -36,9 +40,9 @@ class ExternalPlugin:
         self.config = config
         self.ext = ext
         self.rank = ext.rank
-        self.log_path = None
-        self._log = None
-        self._real_tw = None
+        self.log_path: Optional[str] = None
+        self._log: Optional[TextIO] = None
+        self._real_tw: Optional[TerminalWriter] = None
         self.interrupted = False
 
     @classmethod

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 from datetime import timedelta
-from typing import Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 from ...devices import DevicePlan
 from ..control import ControlPlane, WorldBroken
@@ -59,8 +59,9 @@ class ExternalSession:
                 f"{world.describe()} could not reach the job's store at {world.master_addr}:"
                 f"{world.master_port} within {timeout_s:g}s ({exc}); check MASTER_ADDR/MASTER_PORT"
             ) from None
-        kwargs = {}
+        kwargs: Dict[str, Any] = {}
         if device.device_type == "cuda":
+            assert device.device_index is not None  # choose_device gives every cuda rank its index
             torch.cuda.set_device(device.device_index)
             kwargs["device_id"] = torch.device("cuda", device.device_index)
         try:
