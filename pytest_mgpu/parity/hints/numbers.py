@@ -140,9 +140,10 @@ def _same_losses(f: UserFacts) -> str:
 
 
 def _replica_grads_differ(report: Report) -> bool:
-    first = report.records[0] if report.records else None
-    return bool(first) and any(_replica(e) is not None and e.kind == "grad" and not report.tolerance.passes(e, 0)
-                               for e in first.errors)
+    if not report.records:
+        return False
+    return any(_replica(e) is not None and e.kind == "grad" and not report.tolerance.passes(e, 0)
+               for e in report.records[0].errors)
 
 
 def _replicas(report: Report, f: UserFacts) -> str:
@@ -150,7 +151,7 @@ def _replicas(report: Report, f: UserFacts) -> str:
     if not bad or f.tp_inputs_differ:
         return ""  # tensor parallel with rank-dependent inputs: hints.loops names the inputs
     step, first = bad[0]
-    ranks = sorted({_replica(e) for _, e in bad})
+    ranks = sorted({r for _, e in bad if (r := _replica(e)) is not None})
     kinds = {e.kind for s, e in bad if s == step}
     count = sum(1 for s, _ in bad if s == step)
     where = (f"rank(s) {', '.join(map(str, ranks))} differ from rank 0 (replicas that should be "

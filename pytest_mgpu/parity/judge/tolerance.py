@@ -70,10 +70,11 @@ class Tolerance:
         (and tensor: one whose own measured floor is higher keeps it)."""
         if self.rule != "measured":
             return self.rtol
-        floor = self.floors.get((step, kind)) if step is not None else None
+        floor = self.floors.get((step, kind)) if step is not None and kind is not None else None
         if floor is None:  # a step or kind nothing was measured for: the loosest line of the run
             floor = max(self.floors.values(), default=self.minimum)
-        return self.rtol * max(floor, self.own.get((step, kind, name), 0.0), self.minimum)
+        own = self.own.get((step, kind, name), 0.0) if step is not None and kind is not None else 0.0
+        return self.rtol * max(floor, own, self.minimum)
 
     def bound(self, e: TensorError, step: Optional[int] = None) -> float:
         """The largest ||strategy - reference|| this tensor may have."""

@@ -39,7 +39,7 @@ def user_line() -> str:
     return "(no line of the user's code on the stack)"
 
 
-@classmethod
+@classmethod  # type: ignore[misc]  # set on the mode classes below, where it is a classmethod
 def _no_dynamo_wrapper(cls) -> bool:
     """TorchDispatchMode wraps ``__torch_dispatch__`` in ``torch._disable_dynamo`` unless a subclass
     says not to; that wrapper was most of a companion's cost: measured on the minGPT-like trainer, 20

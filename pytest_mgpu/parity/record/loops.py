@@ -83,16 +83,17 @@ def run_side(job: LoopJob, fn, rank: int, tag: str = "", mode=None,
         watch = Watch()
         with watch.installed(), (mode if mode is not None else contextlib.nullcontext()):
             if job.record == "optimizer":
-                rec = StepRecorder(job.steps, watch, on_first)
-                with rec.installed():
+                steps = StepRecorder(job.steps, watch, on_first)
+                with steps.installed():
                     try:
                         fn(*lead, *job.args, **job.kwargs)
                     except StopTraining:
                         pass
+                side = steps.side
             else:
-                rec = Recorder(watch, on_first)
-                fn(*lead, rec, *job.args, steps=job.steps, **job.kwargs)
-        side = rec.side
+                log = Recorder(watch, on_first)
+                fn(*lead, log, *job.args, steps=job.steps, **job.kwargs)
+                side = log.side
         side.set_epoch_calls = watch.set_epoch_calls
         side.sampler_passes = watch.sampler_passes
         side.autocast = side.autocast or watch.autocast

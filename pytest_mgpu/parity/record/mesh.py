@@ -8,16 +8,16 @@ the placements of a parameter it shards over a tensor-parallel one.
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Set
+from typing import Any, Dict, Iterable, List, Set
 
 
-def tp_peers(models: Iterable[object]) -> List[int]:
+def tp_peers(models: Iterable[Any]) -> List[int]:
     """The global ranks (this one included) that share this rank's batch along the tensor/sequence
     parallel dimensions of its DTensor parameters; [] where it has none (a data-parallel replica)."""
     fsdp = _fsdp_dims(models)
     peers: Set[int] = set()
     for model in models:
-        for p in model.parameters():  # type: ignore[attr-defined]
+        for p in model.parameters():
             mesh = getattr(p, "device_mesh", None)
             if mesh is None or not hasattr(p, "placements"):
                 continue
@@ -36,7 +36,7 @@ def _along(mesh, dims: List[int]) -> Set[int]:
     return {int(r) for r in mesh.mesh[index].flatten().tolist()}
 
 
-def _fsdp_dims(models: Iterable[object]) -> Dict[int, int]:
+def _fsdp_dims(models: Iterable[Any]) -> Dict[int, int]:
     """id(parameter) -> how many leading mesh dimensions FSDP2 shards or replicates it over."""
     try:
         from torch.distributed.fsdp import FSDPModule
@@ -44,7 +44,7 @@ def _fsdp_dims(models: Iterable[object]) -> Dict[int, int]:
         return {}
     out: Dict[int, int] = {}
     for model in models:
-        for module in model.modules():  # type: ignore[attr-defined]
+        for module in model.modules():
             if not isinstance(module, FSDPModule):
                 continue
             group = getattr(module._get_fsdp_state(), "_fsdp_param_group", None)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from dataclasses import dataclass, field
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 # Path components that only wrappers add: dropped from every name.
 WRAPPER_PARTS = frozenset({"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_forward_module"})
@@ -24,8 +24,8 @@ class StepLog:
     backward and before the optimizer step."""
 
     loss: float
-    grads: Dict[str, object]  # name -> tensor, or None where the parameter got no gradient
-    params: Dict[str, object]
+    grads: Dict[str, Any]  # name -> tensor, or None where the parameter got no gradient
+    params: Dict[str, Any]
     rows: List[float] = field(default_factory=list)  # fingerprints of the input rows (watch.py)
     backwards: int = 1  # scalars backpropagated in this step (0: none on this rank; > 1: accumulation)
     lrs: List[float] = field(default_factory=list)  # the optimizer's learning rate per param group
@@ -40,11 +40,13 @@ class StepLog:
                              self.clips, self.state)
 
 
-def pack(tensors: Dict[str, object]):
+def pack(tensors: Dict[str, Any]):
     """name -> tensor (or None) as (names, [(dtype, shape, offset) or None], {dtype: flat buffer})."""
     import torch
 
-    metas, chunks, sizes = [], {}, {}
+    metas: List[Optional[Tuple[str, Tuple[int, ...], int]]] = []
+    chunks: Dict[str, List[Any]] = {}
+    sizes: Dict[str, int] = {}
     for t in tensors.values():
         if t is None:
             metas.append(None)
@@ -56,9 +58,9 @@ def pack(tensors: Dict[str, object]):
     return list(tensors), metas, {k: torch.cat(v) for k, v in chunks.items()}
 
 
-def unpack(packed) -> Dict[str, object]:
+def unpack(packed) -> Dict[str, Any]:
     names, metas, flats = packed
-    out = {}
+    out: Dict[str, Any] = {}
     for name, meta in zip(names, metas):
         if meta is None:
             out[name] = None
@@ -82,7 +84,7 @@ class SideLog:
     steps: List[StepLog] = field(default_factory=list)
     batchnorm: List[str] = field(default_factory=list)  # BatchNorm modules in training mode (not Sync)
     dropout: List[str] = field(default_factory=list)  # active dropout modules
-    final: Dict[str, object] = field(default_factory=dict)  # parameters after the last step
+    final: Dict[str, Any] = field(default_factory=dict)  # parameters after the last step
     dtype: str = ""  # the stepped parameters' dtype at step 0
     autocast: str = ""  # the dtype autocast computed in ("" if off)
     loss_dtype: str = ""  # the dtype of the loss backpropagated (bfloat16 under FSDP's param_dtype=bf16)
@@ -166,7 +168,7 @@ def dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def describe(side: SideLog, models: List[Tuple[str, object]], params: Dict[str, object]) -> None:
+def describe(side: SideLog, models: List[Tuple[str, Any]], params: Dict[str, Any]) -> None:
     """What a side's model(s) contain, read once at the first step: BatchNorm in training mode,
     active dropout, DTensor parameters that are not FSDP's (tensor parallel), the dtype.
     ``models``: (name prefix, module) pairs, named as the recorded parameters are."""

@@ -20,7 +20,7 @@ backpropagated since the previous step (``watch.Inputs.loss``): gradient accumul
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .mesh import tp_peers
 from .recorder import SideLog, StepLog, clean_name, describe, dtype_name, fsdp1_full_params, full_copy, unwrap
@@ -31,12 +31,13 @@ class StopTraining(BaseException):
     """Raised from the N-th ``optimizer.step()``: ends the user's loop; caught by the runner."""
 
 
-def prefixed(roots: List[object]) -> List[Tuple[str, object]]:
+def prefixed(roots: List[Any]) -> List[Tuple[str, Any]]:
     """(name prefix, model): no prefix for one model; the class name (and a count where two
     models share one) where a loop trains several, the same on both sides."""
     if len(roots) == 1:
         return [("", roots[0])]
-    out, seen = [], {}
+    out: List[Tuple[str, Any]] = []
+    seen: Dict[str, int] = {}
     for root in roots:
         cls = type(unwrap(root)).__name__
         seen[cls] = seen.get(cls, 0) + 1
@@ -53,7 +54,7 @@ class StepRecorder:
         self._depth = 0
         self._names: Dict[int, Tuple[tuple, Dict[int, str]]] = {}  # id(optimizer) -> (param ids, names)
         self._lr_zero = False  # the step under way has every lr 0: it cannot train
-        self._before: Optional[Dict[str, object]] = None  # local params where every gradient was zero
+        self._before: Optional[Dict[str, Any]] = None  # local params where every gradient was zero
         self._seen: Optional[Inputs] = None  # what the step under way saw
         self._aside: List[StepLog] = []  # steps that changed nothing: not counted
 
@@ -127,11 +128,11 @@ class StepRecorder:
         return before is not None and all(torch.equal(_local(p), before[n]) for n, p in self._named(optimizer))
 
     # -- names ----------------------------------------------------------------------------------
-    def _owners(self, named: List[Tuple[str, object]]) -> List[Tuple[str, object]]:
+    def _owners(self, named: List[Tuple[str, Any]]) -> List[Tuple[str, Any]]:
         """The models whose parameters this optimizer steps (as named by ``_named``)."""
         return self._models_of([p for _, p in named])
 
-    def _models_of(self, params: List[object]) -> List[Tuple[str, object]]:
+    def _models_of(self, params: List[Any]) -> List[Tuple[str, Any]]:
         """(name prefix, model) of the models run forward that own some of ``params`` (all of them
         where none does). A model rebuilt in the same process (reloaded from a checkpoint) leaves the
         first one among the roots: only the models an optimizer steps name its parameters, so the
@@ -141,7 +142,7 @@ class StepRecorder:
         owners = [r for r in roots if any(id(p) in ids for p in unwrap(r).parameters())]
         return prefixed(owners or roots)
 
-    def _named(self, optimizer) -> List[Tuple[str, object]]:
+    def _named(self, optimizer) -> List[Tuple[str, Any]]:
         """The optimizer's parameters under their model names (computed once per optimizer)."""
         params = [p for group in optimizer.param_groups for p in group["params"]]
         key = tuple(id(p) for p in params)
@@ -153,9 +154,9 @@ class StepRecorder:
         names = cached[1]
         return [(names[id(p)], p) for p in params]
 
-    def _name_map(self, params: List[object]) -> Dict[int, str]:
+    def _name_map(self, params: List[Any]) -> Dict[int, str]:
         owned: Dict[int, str] = {}
-        trained: List[Tuple[str, object]] = []
+        trained: List[Tuple[str, Any]] = []
         for prefix, root in self._models_of(params):
             for n, p in unwrap(root).named_parameters():
                 if id(p) not in owned:

@@ -24,7 +24,7 @@ import contextlib
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 
 @dataclass
@@ -75,7 +75,7 @@ class Watch:
     recorders at each step (``take_inputs``, ``loss``) and once after (``roots``, ``set_epoch_calls``)."""
 
     def __init__(self):
-        self.roots: Dict[int, object] = {}  # id -> outermost module with parameters, first-call order
+        self.roots: Dict[int, Any] = {}  # id -> outermost module with parameters, first-call order
         self.loss = None  # the scalar last passed to torch.autograd.backward (detached)
         self.autocast = ""  # the autocast dtype an outermost forward ran under ("" if none)
         self.set_epoch_calls = 0  # DistributedSampler.set_epoch calls (the rows show a repeated order)
@@ -144,20 +144,21 @@ class Watch:
             watch.set_epoch_calls += 1
             return set_epoch(sampler, epoch)
 
-        clip, clip_with_norm = torch.nn.utils.clip_grad_norm_, getattr(torch.nn.utils, "clip_grads_with_norm_", None)
-        torch.autograd.backward, DistributedSampler.set_epoch = observed_backward, observed_set_epoch
-        DistributedSampler.__iter__ = observed_pass
-        torch.nn.utils.clip_grad_norm_ = torch.nn.utils.clip_grad.clip_grad_norm_ = observed_clip
+        clip = torch.nn.utils.clip_grad_norm_
+        clip_with_norm: Any = getattr(torch.nn.utils, "clip_grads_with_norm_", None)
+        patches = [(torch.autograd, "backward", observed_backward), (DistributedSampler, "set_epoch", observed_set_epoch),
+                   (DistributedSampler, "__iter__", observed_pass), (torch.nn.utils, "clip_grad_norm_", observed_clip),
+                   (torch.nn.utils.clip_grad, "clip_grad_norm_", observed_clip)]
         if clip_with_norm is not None:  # the public two-part API (get_total_norm, then this)
-            torch.nn.utils.clip_grads_with_norm_ = observed_clip_with_norm
+            patches.append((torch.nn.utils, "clip_grads_with_norm_", observed_clip_with_norm))
+        saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+        for owner, name, patched in patches:
+            setattr(owner, name, patched)
         try:
             yield self
         finally:
-            torch.autograd.backward, DistributedSampler.set_epoch = backward, set_epoch
-            DistributedSampler.__iter__ = passes
-            torch.nn.utils.clip_grad_norm_ = torch.nn.utils.clip_grad.clip_grad_norm_ = clip
-            if clip_with_norm is not None:
-                torch.nn.utils.clip_grads_with_norm_ = clip_with_norm
+            for owner, name, original in saved:
+                setattr(owner, name, original)
             for h in handles:
                 h.remove()
 
@@ -181,7 +182,7 @@ class Watch:
             return math.nan
         return float(self.loss.reshape(()).double().item())
 
-    def model_roots(self) -> List[object]:
+    def model_roots(self) -> List[Any]:
         """The outermost modules run forward, minus those inside another (a checkpointed block)."""
         inner = {id(m) for root in self.roots.values() for m in root.modules() if m is not root}
         return [m for key, m in self.roots.items() if key not in inner]
