@@ -162,6 +162,21 @@ CHECKS: List[Check] = [
 ]
 
 
+def default_device():
+    """``torch.get_default_device()``, also after ``torch.set_default_device(None)`` on torch 2.8 and
+    older, where it raised AttributeError (``_GLOBAL_DEVICE_CONTEXT.device_context`` is None there,
+    which means no default-device mode: the cpu, as torch's own else branch answers)."""
+    import torch
+
+    try:
+        return torch.get_default_device()
+    except AttributeError:
+        context = getattr(getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None), "device_context", False)
+        if context is None:
+            return torch.device("cpu")
+        raise
+
+
 def _torch_version() -> str:
     try:
         import torch

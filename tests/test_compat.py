@@ -104,3 +104,15 @@ def test_session_start_says_nothing_more_when_all_is_on(pytester, monkeypatch):
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
     assert not [line for line in result.outlines if " off: " in line]
+
+
+def test_default_device_after_set_default_device_none_as_torch_2_8_raised(monkeypatch):
+    """torch <= 2.8: get_default_device() raised AttributeError after set_default_device(None)."""
+    torch.set_default_device(None)
+
+    def old_get_default_device():
+        return torch._GLOBAL_DEVICE_CONTEXT.device_context.device  # None.device, as torch 2.8 read it
+
+    monkeypatch.setattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None, raising=False)
+    monkeypatch.setattr(torch, "get_default_device", old_get_default_device)
+    assert compat.default_device() == torch.device("cpu")
