@@ -116,3 +116,17 @@ def test_default_device_after_set_default_device_none_as_torch_2_8_raised(monkey
     monkeypatch.setattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None, raising=False)
     monkeypatch.setattr(torch, "get_default_device", old_get_default_device)
     assert compat.default_device() == torch.device("cpu")
+
+
+def test_torchrun_mode_without_store_clone_stops_before_the_rendezvous(monkeypatch):
+    from pytest_mgpu.launch.external.detect import ExternalError, LaunchedWorld
+    from pytest_mgpu.launch.external.session import ExternalSession
+
+    for t in [t for t in dist.PrefixStore.__mro__ if "clone" in vars(t)]:
+        monkeypatch.delattr(t, "clone")
+    world = LaunchedWorld(0, 2, 0, 2, 0, "127.0.0.1", 1, "torchrun", "job")  # port 1: never reached
+    with pytest.raises(ExternalError) as info:
+        ExternalSession.join(world, timeout_s=1.0)
+    assert str(info.value).startswith(
+        f"rank 0 of 2 (node 0, local rank 0), started by torchrun: torch {torch.__version__} has no "
+        "torch.distributed.PrefixStore.clone: pytest under torchrun/srun cannot start its control plane. Run ")
