@@ -13,12 +13,12 @@ imports that module anyway. Results are cached per process; ``features(refresh=T
 as tests do after monkeypatching an API away.
 
 Measured (these probes in venvs of the PyPI wheels on Python 3.11; 2.6.0 and 2.7.1 read from their
-wheels' files): every feature is on for torch 2.8.0, 2.10.0, 2.14.1 and 2.15.0 (2.14.1 also on
-Python 3.12 and 3.13). torch 2.7.1 lacks ``_dump_fr_trace`` and ``Store.clone``; 2.6.0 also lacks
+wheels' files): every feature is on for torch 2.8.0, 2.9.1, 2.10.0, 2.14.1 and 2.15.0 (2.14.1 also on
+Python 3.10, 3.12 and 3.13). torch 2.7.1 lacks ``_dump_fr_trace`` and ``Store.clone``; 2.6.0 also lacks
 ``torch.cpu.Stream.record_event`` and ``scale_grads``. Not probed, as behaviour rather than an API:
 torch 2.8.0's gloo ``reduce_scatter_tensor`` with ``ReduceOp.AVG`` sums (measured: ranks holding 1
 and 2 get 3.0; 2.10.0: 1.5), so FSDP2 on CPU ranks has 2x gradients there and parity rightly says
-"diverges"; and 2.8.0's ``get_default_device()`` raised after ``set_default_device(None)``
+"diverges"; and 2.8.0's and 2.9.1's ``get_default_device()`` raised after ``set_default_device(None)``
 (``default_device`` below answers for it). Where each feature is used, and where its check is called:
 
 - ``flight_recorder``: ``launch/flight.py`` ``_dump`` (the collectives a hung or failed rank entered;
@@ -180,7 +180,7 @@ CHECKS: List[Check] = [
 
 
 def default_device():
-    """``torch.get_default_device()``, also after ``torch.set_default_device(None)`` on torch 2.8 and
+    """``torch.get_default_device()``, also after ``torch.set_default_device(None)`` on torch 2.9 and
     older, where it raised AttributeError (``_GLOBAL_DEVICE_CONTEXT.device_context`` is None there,
     which means no default-device mode: the cpu, as torch's own else branch answers)."""
     import torch

@@ -98,7 +98,7 @@ class Fresh:
         if os.getcwd() != self.cwd:
             os.chdir(self.cwd)
         # Set only what differs: some setters are not free (a cudnn flag loads cudnn, ~1 s).
-        if default_device() != self.device:  # compat: torch <= 2.8 raised after set_default_device(None)
+        if default_device() != self.device:  # compat: torch <= 2.9 raised after set_default_device(None)
             torch.set_default_device(None)  # a fresh rank has no default-device mode
         if torch.get_default_dtype() != self.dtype or torch.empty(0).dtype != self.dtype:
             torch.set_default_dtype(self.dtype)
