@@ -79,7 +79,10 @@ def pytest_xdist_auto_num_workers(config):
 
 def pytest_report_header(config):
     s = _session(config).settings
-    return f"mgpu: fallback={s.fallback}, timeout={s.timeout_s:g}s, seed={s.seed}"
+    from .compat import header_lines
+
+    # a feature this torch cannot run is named here, one line each, before any test fails on it
+    return [f"mgpu: fallback={s.fallback}, timeout={s.timeout_s:g}s, seed={s.seed}", *header_lines()]
 
 
 # -- planning -------------------------------------------------------------------------------------

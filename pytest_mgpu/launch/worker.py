@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 if TYPE_CHECKING:
     import torch
 
+from ..compat import default_device
 from . import flight
 from .protocol import FnRef, RankOutcome, RankTask
 from .hygiene import CallWatch
@@ -80,7 +81,7 @@ class Fresh:
             env=dict(os.environ),
             cwd=os.getcwd(),
             dtype=torch.get_default_dtype(),
-            device=torch.get_default_device(),
+            device=default_device(),
             grad=torch.is_grad_enabled(),
             deterministic=(
                 torch.are_deterministic_algorithms_enabled(),
@@ -100,7 +101,7 @@ class Fresh:
         if os.getcwd() != self.cwd:
             os.chdir(self.cwd)
         # Set only what differs: some setters are not free (a cudnn flag loads cudnn, ~1 s).
-        if torch.get_default_device() != self.device:
+        if default_device() != self.device:  # compat: torch <= 2.9 raised after set_default_device(None)
             torch.set_default_device(None)  # a fresh rank has no default-device mode
         if torch.get_default_dtype() != self.dtype or torch.empty(0).dtype != self.dtype:
             torch.set_default_dtype(self.dtype)

@@ -41,6 +41,11 @@ class ExternalSession:
         import torch
         import torch.distributed as dist
 
+        from ...compat import available, reason
+
+        if not available("external_launch"):  # before the rendezvous: every rank stops with the same words
+            raise ExternalError(f"{world.describe()}: {reason('external_launch')}. Run pytest without "
+                                "torchrun/srun (pytest-mgpu then starts the ranks), or use a newer torch")
         if dist.is_initialized():
             raise ExternalError(
                 "a default process group exists before pytest-mgpu joined the job (conftest or a plugin "
