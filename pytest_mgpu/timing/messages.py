@@ -167,3 +167,12 @@ def lane_notes(measurements) -> list:
 
 class TimingRegressionWarning(UserWarning):
     """A measurement is slower than its history, where that only warns (or the history is short)."""
+
+
+def regression_headline(fails: list) -> str:
+    """The first line of a timing failure (a CI page shows the first 500 characters): which
+    measurements, and what to do; each failure's own line follows."""
+    names = ", ".join(f.split(" ", 1)[0] for f in fails[:3]) + (f" and {len(fails) - 3} more" if len(fails) > 3 else "")
+    return (f"timing regression: {names} slower than the baseline beyond the threshold. Fix: find what made "
+            "the step slower; if it is intended, record the new speed (--mgpu-save-baselines) or raise "
+            "--mgpu-regression (or --mgpu-gate=warn). Details:")

@@ -19,7 +19,7 @@ from .. import __version__
 from ..settings import TIMING_OPTIONS, SettingsError, add_options, resolve_timing
 from .baselines import check_writable
 from ..workers import under_xdist
-from .messages import TimingRegressionWarning
+from .messages import TimingRegressionWarning, regression_headline
 from .state import TimingState
 
 
@@ -132,7 +132,7 @@ class TimingPlugin:
         for message in warns:
             warnings.warn(TimingRegressionWarning(message))
         if fails:
-            pytest.fail("timing regression:\n" + "\n".join(fails), pytrace=False)
+            pytest.fail(regression_headline(fails) + "\n" + "\n".join(fails), pytrace=False)
         return result
 
     def pytest_runtest_logreport(self, report):
