@@ -721,13 +721,4 @@ def device_main(rank, world_size, epochs=100, mode="accelerator", batch_size=4):
 
 
 def device_reference(world_size, epochs=100, batch_size=4):
-    model = mlp()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    ds = regression()
-    sampler = DistributedSampler(ds, num_replicas=1, rank=0, seed=0)
-    for epoch in range(epochs):
-        sampler.set_epoch(epoch)
-        for x, y in DataLoader(ds, batch_size=batch_size * world_size, sampler=sampler):
-            optimizer.zero_grad()
-            F.mse_loss(model(x), y).backward()
-            optimizer.step()
+    rebuild_reference(world_size, epochs, batch_size)  # the same one-device loop
