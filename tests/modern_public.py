@@ -434,6 +434,10 @@ def rebuild_reference(world_size, epochs=100, batch_size=4):
     with torch.no_grad():
         probe(torch.zeros(2, 10))
     del probe
+    _one_device_mse(world_size, epochs, batch_size)
+
+
+def _one_device_mse(world_size, epochs, batch_size):
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     ds = regression()
@@ -721,4 +725,4 @@ def device_main(rank, world_size, epochs=100, mode="accelerator", batch_size=4):
 
 
 def device_reference(world_size, epochs=100, batch_size=4):
-    rebuild_reference(world_size, epochs, batch_size)  # the same one-device loop
+    _one_device_mse(world_size, epochs, batch_size)
