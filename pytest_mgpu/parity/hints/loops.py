@@ -276,8 +276,8 @@ def _carried(f: UserFacts) -> str:
     if not f.carried:
         return ""
     who, step = f.carried.rsplit(" at step ", 1)
-    return (f"gradients not zeroed between steps: at step {step} {who}'s gradients are the other side's plus "
-            f"its own of step {int(step) - 1}, so each step adds to the last one's gradients instead of replacing "
+    return (f"gradients not zeroed between steps: at step {step} the gradients of {who} are the other side's "
+            f"plus its own of step {int(step) - 1}, so each step adds to the last one's gradients instead of replacing "
             "them. Fix: call optimizer.zero_grad() (or model.zero_grad()) once per optimizer step, after "
             "optimizer.step() (with accumulation: after the step, not after each micro-batch).")
 
