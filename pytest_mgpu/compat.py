@@ -12,38 +12,17 @@ leaves those out unless already imported, and the runner that uses the feature a
 imports that module anyway. Results are cached per process; ``features(refresh=True)`` probes again,
 as tests do after monkeypatching an API away.
 
-Measured (these probes in venvs of the PyPI wheels on Python 3.11; 2.6.0 and 2.7.1 read from their
-wheels' files): every feature is on for torch 2.8.0, 2.9.1, 2.10.0, 2.14.1 and 2.15.0 (2.14.1 also on
-Python 3.10, 3.12 and 3.13). torch 2.7.1 lacks ``_dump_fr_trace`` and ``Store.clone``; 2.6.0 also lacks
-``torch.cpu.Stream.record_event`` and ``scale_grads``. Not probed, as behaviour rather than an API:
-torch 2.8.0's gloo ``reduce_scatter_tensor`` with ``ReduceOp.AVG`` sums (measured: ranks holding 1
-and 2 get 3.0; 2.10.0: 1.5), so FSDP2 on CPU ranks has 2x gradients there and parity rightly says
-"diverges"; and 2.8.0's and 2.9.1's ``get_default_device()`` raised after ``set_default_device(None)``
-(``default_device`` below answers for it). Where each feature is used, and where its check is called:
+Which torch versions have which API, and why older ones fail beyond what a probe can see (a gloo
+``ReduceOp.AVG`` that sums on torch 2.8): docs/design/torch-range.md. Where each check is called:
 
-- ``flight_recorder``: ``launch/flight.py`` ``_dump`` (the collectives a hung or failed rank entered;
-  ``launch/desync.py`` names the first disagreement from them). NOT YET CALLED (flight.py and
-  desync.py are being edited elsewhere): at the top of ``flight._dump`` (line 189), ``if not
-  compat.available("flight_recorder"): return None`` (today a missing API falls into its bare
-  ``except Exception`` silently); in ``flight.recorder_env`` (line 72), return ``{}`` when off; in
-  ``desync.first_disagreement`` (line 38), when no trace is ``known``, return ``compat.reason(
-  "flight_recorder")`` instead of "" so the report says why no collective is named.
-- ``external_launch``: ``launch/external/session.py`` ``ExternalSession.join`` (called there, before
-  the rendezvous; without it ``ControlPlane.start_monitor``'s ``store.clone()`` raised).
-- ``fsdp2_cpu``: ``parity/runners/data_parallel.py``. NOT YET CALLED: line 79, in the ``version == 2``
-  branch before ``fully_shard``, ``if dev.type == "cpu": compat.require("fsdp2_cpu")``.
-- ``pipeline_parity``: ``parity/runners/staged.py``. NOT YET CALLED: line 124, right after ``import
-  torch.distributed.pipelining as pp``, ``compat.require("pipeline_parity")`` (the import is paid
-  there already); the parity worker should report ``FeatureUnavailable`` as a skip with its message.
-- ``fsdp1_names``: ``parity/runners/data_parallel.py`` lines 139 and 160 (``clean_tensor_name``).
-  NOT YET CALLED: ``compat.available("fsdp1_names")``, else strip ``_fsdp_wrapped_module.`` itself.
-- ``parity_watch``: ``parity/watch.py`` lines 73 and 108. NOT YET CALLED: ``compat.available(
-  "parity_watch")`` at the watch's start.
-- ``simulate``: ``simulate/inrank.py`` (the fake process group). Not called: on in every torch tried.
-- ``warm_pool``: ``launch/worker.py`` (the default group a warm rank keeps between calls).
-- ``forkserver_cleanup``: ``launch/spawn.py`` ``stop_forkserver`` (CPython's multiprocessing).
-- ``cuda_only.py``'s hint recommends ``torch.accelerator.current_accelerator(check_available=True)``:
-  that parameter exists from torch 2.7 (2.6.0 has none), so no check is needed above the 2.8 floor.
+- ``flight_recorder``: ``launch.flight.recorder_env`` (ranks do not record what cannot be dumped).
+- ``external_launch``: ``launch.external.session`` before the rendezvous (torchrun/srun mode).
+- ``fsdp2_cpu``, ``pipeline_parity``: ``parity.registry.unavailable`` (``assert_parity`` skips with
+  the reason).
+- ``warm_pool``, ``forkserver_cleanup``, ``simulate``, ``parity_watch``, ``fsdp1_names``: reported in
+  the session's header; on in every torch measured from the floor up.
+- ``default_device``: what warm ranks restore between calls (older torch raised after
+  ``set_default_device(None)``).
 
 Torch-free to import: torch is imported by ``features`` only.
 """

@@ -130,3 +130,20 @@ def test_torchrun_mode_without_store_clone_stops_before_the_rendezvous(monkeypat
     assert str(info.value).startswith(
         f"rank 0 of 2 (node 0, local rank 0), started by torchrun: torch {torch.__version__} has no "
         "torch.distributed.PrefixStore.clone: pytest under torchrun/srun cannot start its control plane. Run ")
+
+
+def test_a_feature_that_is_off_skips_its_parity_and_its_recorder(monkeypatch):
+    from pytest_mgpu.launch.flight import RECORDER_ENV, recorder_env
+    from pytest_mgpu.parity import registry
+
+    assert RECORDER_ENV in recorder_env({})
+    c10d = torch._C._distributed_c10d
+    if hasattr(c10d, "_dump_fr_trace"):
+        monkeypatch.delattr(c10d, "_dump_fr_trace")
+        compat.refresh()
+        assert recorder_env({}) == {}  # ranks do not record what cannot be dumped
+    monkeypatch.setattr(compat, "available", lambda name: name != "fsdp2_cpu")
+    monkeypatch.setattr(compat, "reason", lambda name: f"{name} off here")
+    spec, opts = registry.resolve("fsdp", {})
+    assert registry.unavailable(spec, opts, "cpu", 2) == "fsdp2_cpu off here"
+    assert registry.unavailable(spec, opts, "cuda", 2) is None

@@ -73,6 +73,10 @@ def recorder_env(environ) -> Dict[str, str]:
     """The variable that turns the recorder on in ranks, unless the user set one (0 turns it off)."""
     if any(environ.get(name) not in (None, "") for name in RECORDER_ENVS):
         return {}
+    from .. import compat
+
+    if not compat.available("flight_recorder"):
+        return {}  # the session's header says why
     return {RECORDER_ENV: str(RECORDER_ENTRIES)}
 
 

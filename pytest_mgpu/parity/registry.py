@@ -130,6 +130,13 @@ def unavailable(spec: Strategy, opts: Dict[str, Any], device_type: str, world_si
             "SyncBatchNorm trains only on CUDA tensors ('SyncBatchNorm expected input tensor to be "
             "on GPU'); this test runs on emulated CPU ranks"
         )
+    from .. import compat
+
+    if spec.name == "fsdp" and opts.get("fsdp_version", 2) == 2 and device_type == "cpu" \
+            and not compat.available("fsdp2_cpu"):
+        return compat.reason("fsdp2_cpu")
+    if spec.name == "pipeline" and opts.get("schedule") and not compat.available("pipeline_parity"):
+        return compat.reason("pipeline_parity")
     if spec.name == "fsdp" and opts.get("fsdp_version") == 1:
         import torch.distributed.fsdp as fsdp
 
