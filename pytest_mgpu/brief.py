@@ -3,8 +3,12 @@ keeps 500 of a junit ``message``), so the cause and its fix come first and the t
 from __future__ import annotations
 
 import re
+from typing import List
 
 JUNIT_MESSAGE = 500  # characters of a failure's message that a junit report's attribute keeps
+# pytest keeps whole lines of it; the first starts with the exception's qualified name
+# ("pytest_mgpu.parity.report.ParityError: "), so the head lines get what is left
+HEAD_BUDGET = JUNIT_MESSAGE - 60
 
 
 def brief(hint: str, limit: int = 300) -> str:
@@ -17,6 +21,22 @@ def brief(hint: str, limit: int = 300) -> str:
     what = text.split(": ", 1)[0] if ": " in text[:160] else _sentence(text)
     line = f"{what}. Fix: {_sentence(fix)}" if fix else text
     return line if len(line) <= limit else line[:limit - 3].rstrip() + "..."
+
+
+def fit(lines: List[str], budget: int = HEAD_BUDGET) -> List[str]:
+    """The head lines of a message, each later one cut so that all fit in ``budget`` characters with
+    their newlines (a line with less than 40 characters of room is left out)."""
+    out: List[str] = []
+    used = 0
+    for line in lines:
+        room = budget - used - 1
+        if out and room < 40:
+            break
+        if out and len(line) > room:
+            line = line[:room - 3].rstrip() + "..."
+        out.append(line)
+        used += len(line) + 1
+    return out
 
 
 def _sentence(text: str) -> str:

@@ -9,6 +9,7 @@ import pytest
 
 from pytest_mgpu import ParityError, world_sizes
 from tests import modern_public as T
+from tests.test_junit_messages import junit_head
 
 P = functools.partial
 
@@ -78,7 +79,7 @@ def _bug(dist, name):
     _, fn, ref, steps, cause = BUGS[name]
     with pytest.raises(ParityError) as info:
         dist.assert_same_training(fn, ref, dist.world_size, steps=steps, record="optimizer")
-    head = str(info.value)[:500]
+    head = junit_head(f"pytest_mgpu.parity.report.ParityError: {info.value}")
     assert f"likely cause: {cause}" in head, str(info.value)
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from pytest_mgpu import ParityError, world_sizes
 from tests import modern_trainers as M
+from tests.test_junit_messages import junit_head
 
 SIZES = world_sizes(2, 4)
 
@@ -57,7 +58,7 @@ def test_fsdp2_loop_bugs_are_named(dist, tmp_path, bug, cause):
     with pytest.raises(ParityError) as info:
         dist.assert_same_training(fn, M.one_device, steps=6, record="optimizer")
     text = str(info.value)
-    assert cause in text[:500], text
+    assert cause in junit_head(f"pytest_mgpu.parity.report.ParityError: {text}"), text
     assert "never calls DistributedSampler.set_epoch" not in text and "data is not sharded" not in text
 
 

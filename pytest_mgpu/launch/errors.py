@@ -6,7 +6,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import List, Literal, Optional
 
-from ..brief import brief
+from ..brief import brief, fit
 
 ProblemKind = Literal["raised", "died", "hung", "computing", "starting", "stopped", "returned", "absent",
                       "unreadable"]
@@ -75,15 +75,16 @@ class RankFailure(Exception):
                 f"rank(s) {', '.join(map(str, self.ranks))}")
         if causes and len(causes) < len(self.problems):
             head += f"; cause: rank(s) {', '.join(map(str, causes))}"
-        lines = [head]
+        top = [head]  # what a CI page shows (fit): what failed, the disagreement, the first cause, the fix
+        if self.collectives:
+            top.append(f"the ranks' collectives disagree (flight recorder): {self.collectives}")
         first = (self.primary() or self.problems)[:1]
         if first and (len(self.problems) > 1 or self.hint or self.collectives):
             summary = first[0].summary.rstrip(":").removesuffix("; its Python stack")
-            lines.append(f"first cause: rank {first[0].rank} {summary}")  # the full story follows
-        if self.collectives:
-            lines.append(f"the ranks' collectives disagree (flight recorder): {self.collectives}")
+            top.append(f"first cause: rank {first[0].rank} {summary}")  # the full story follows
         if self.hint:
-            lines.append(f"fix: {brief(self.hint)}")
+            top.append(f"fix: {brief(self.hint)}")
+        lines = fit(top)
         order = sorted(self.problems, key=lambda p: (p.secondary, p.rank))
         for p in order:
             lines.append("")

@@ -8,7 +8,7 @@ from typing import Callable, Final, List, Tuple
 
 from tabulate import tabulate
 
-from ...brief import brief
+from ...brief import brief, fit
 
 from .numbers import Report, common_factor, number_hints
 from .loops import loop_hints
@@ -200,10 +200,11 @@ def failure_message(report: Report) -> str:
     n_bad = len({(e.kind, e.name) for s, e, _ in failures if s == first})
     n_all = len(report.records[first].errors) if first < len(report.records) else 0
     causes = likely_causes(report)
-    lines = [
+    lines = fit([
         f"{report.describe()} diverges from one device at step {first} (of {len(report.records)}): "
         f"{n_bad} of {n_all} tensors exceed the tolerance",
         f"likely cause: {brief(causes[0])}" if causes[0] is not NO_CAUSE else "likely cause: none known (below)",
+    ]) + [
         f"tolerance: {report.tolerance.describe()}",
         *[f"note: {n}" for n in report.notes],
         "",
