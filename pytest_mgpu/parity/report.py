@@ -117,6 +117,9 @@ class ParityReport:
     def bitwise(self) -> bool:
         return all(e.max_abs == 0 for e in self.errors())
 
+    def __str__(self) -> str:
+        return self.format()
+
     def format(self) -> str:
         verdict = "matches" if self.passed else "DIVERGES from"
         judged = "bitwise equal" if self.bitwise else "tolerance " + self.tolerance.describe()
