@@ -45,7 +45,6 @@ def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Lay
     facts.rank_states = [s.state for s in ranks[0].steps[:steps]]
     facts.carried = carried_over(ranks[0], ref) if ranks else ""
     facts.rank_backwards = ranks[0].steps[0].backwards if ranks and ranks[0].steps else 1
-    facts.ref_backwards = ref.steps[0].backwards if ref.steps else 1
     facts.ref_states = [s.state for s in ref.steps]
     facts.ref_lrs = [s.lrs for s in ref.steps]
     facts.rank_clips = [[_factors(side.steps[i]) for side in ranks] for i in range(steps)]

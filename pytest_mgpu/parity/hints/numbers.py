@@ -55,7 +55,6 @@ class UserFacts(RunFacts):
     rank_states: List[tuple] = field(default_factory=list)  # per step: rank 0's optimizer (held, step count)
     ref_states: List[tuple] = field(default_factory=list)  # per step: the reference's
     rank_backwards: int = 1  # scalars rank 0 backpropagated at step 0 (> 1: gradient accumulation)
-    ref_backwards: int = 1  # the reference's
     tp_inputs_differ: bool = False  # tensor-parallel peers fed rows that are not one batch (rank-dependent)
 
 

@@ -177,11 +177,6 @@ class Watch:
         norm = total.full_tensor() if hasattr(total, "full_tensor") else total
         self._inputs.clips.append((float(norm), float(max_norm)))
 
-    def loss_value(self) -> float:
-        if self.loss is None:
-            return math.nan
-        return float(self.loss.reshape(()).double().item())
-
     def model_roots(self) -> List[Any]:
         """The outermost modules run forward, minus those inside another (a checkpointed block)."""
         inner = {id(m) for root in self.roots.values() for m in root.modules() if m is not root}
