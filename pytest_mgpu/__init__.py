@@ -19,6 +19,7 @@ __all__ = [
     "StepCountError",
     "TaskSpec",
     "TimingRegressionWarning",
+    "checkpoint_dir",
     "in_rank",
     "rank_context",
     "rank_device",
@@ -39,6 +40,10 @@ def __getattr__(name: str):
         from .timing.messages import TimingRegressionWarning
 
         return TimingRegressionWarning
+    if name == "checkpoint_dir":
+        from .parity.resume.folder import checkpoint_dir
+
+        return checkpoint_dir
     if name == "StepCountError":
         from .parity.training import StepCountError
 

@@ -78,6 +78,20 @@ class Dist:
         __tracebackhide__ = True
         return self._launch(fn, args, kwargs, nprocs=self.world_size, timeout=timeout)
 
+    def run_on(self, nprocs: int, fn: Callable[..., Any], *args: Any, timeout: Optional[float] = None,
+               **kwargs: Any) -> List[Any]:
+        """``run`` on ``nprocs`` ranks instead of the test's ``world_size`` (a checkpoint loaded at
+        another world size). On GPUs, ``nprocs`` is at most the test's devices."""
+        __tracebackhide__ = True
+        if not isinstance(nprocs, int) or isinstance(nprocs, bool) or nprocs < 1:
+            raise ValueError(f"dist.run_on(nprocs=...) must be a positive integer, got {nprocs!r}")
+        if not self.emulated and self.device_type != "cpu" and nprocs > self.world_size:
+            import pytest
+
+            pytest.skip(f"{nprocs} ranks need {nprocs} devices; this test holds {self.world_size}: mark it "
+                        f"gpu{nprocs} (or run it with --mgpu-fallback=cpu)")
+        return self._launch(fn, args, kwargs, nprocs=nprocs, timeout=timeout)
+
     def run_single(self, fn: Callable[..., Any], *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> Any:
         """Run ``fn`` in one process that sees all of this test's devices (DataParallel, model
         parallel within a process); ``rank_context().devices`` lists them. Returns its value."""
@@ -131,6 +145,17 @@ class Dist:
         from .parity.training import assert_same_training
 
         return assert_same_training(self, fn, reference_fn, *args, steps=steps, **kwargs)
+
+    def assert_resumes(self, fn: Callable[..., Any], *args: Any, steps: int, stop_after: int,
+                       world_size_after: Optional[int] = None, spawn: bool = False, **kwargs: Any) -> "ParityReport":
+        """The user's trainer run through, then stopped after ``stop_after`` optimizer steps and run
+        again (on ``world_size_after`` ranks) to resume from its own checkpoint: the resumed steps
+        must train like the uninterrupted ones. See ``parity.resume``."""
+        __tracebackhide__ = True
+        from .parity.resume import assert_resumes
+
+        return assert_resumes(self, fn, *args, steps=steps, stop_after=stop_after,
+                              world_size_after=world_size_after, spawn=spawn, **kwargs)
 
     # -- internals ----------------------------------------------------------------------------
     def spec(self, nprocs: int, timeout: Optional[float] = None) -> LaunchSpec:

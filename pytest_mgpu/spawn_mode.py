@@ -86,6 +86,8 @@ def without_group(prefix: str, call: Callable[[], Any]) -> SpawnValue:
         if tdist.is_initialized():
             tdist.destroy_process_group()  # no barrier: the peers may be gone
         raise
+    finally:  # the user's code may set its own address (a hard-coded port): the next call needs the test's
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = host, str(port)
     if tdist.is_initialized():
         # The user's code left its group up (mp.spawn would just exit). Meet first: a rank that
         # tore its group down at once could close the sockets a slower peer is still connecting.

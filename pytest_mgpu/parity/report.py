@@ -48,6 +48,7 @@ class ParityReport:
     records: List[StepRecord]
     facts: RunFacts
     notes: List[str] = field(default_factory=list)
+    against: str = "one device"  # what the run was compared with
 
     def describe(self) -> str:
         return f"{self.facts.strategy} on {self.where}"
@@ -123,7 +124,7 @@ class ParityReport:
     def format(self) -> str:
         verdict = "matches" if self.passed else "DIVERGES from"
         judged = "bitwise equal" if self.bitwise else "tolerance " + self.tolerance.describe()
-        head = f"parity: {self.describe()} {verdict} one device over {len(self.records)} step(s); {judged}"
+        head = f"parity: {self.describe()} {verdict} {self.against} over {len(self.records)} step(s); {judged}"
         worst = self.worst_ratio
         if not self.bitwise and math.isfinite(worst):
             head += f"; worst error / line: {worst:.3g}"

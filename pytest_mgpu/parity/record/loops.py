@@ -75,15 +75,17 @@ def run_loop(job: LoopJob) -> SideResult:
 
 
 def run_side(job: LoopJob, fn, rank: int, tag: str = "", mode=None,
-             on_first: Optional[Callable[[SideLog], None]] = None) -> Tuple[SideLog, List[str]]:
-    """The user's loop once, recorded (under the dispatch ``mode`` of a companion, if any)."""
+             on_first: Optional[Callable[[SideLog], None]] = None,
+             recorder: Optional[Callable[[Watch], StepRecorder]] = None) -> Tuple[SideLog, List[str]]:
+    """The user's loop once, recorded (under the dispatch ``mode`` of a companion, if any;
+    ``record="optimizer"`` by ``recorder(watch)`` where given)."""
     lead = (rank,) if job.spawn and not job.reference else ()
 
     def loop() -> SideLog:
         watch = Watch()
         with watch.installed(), (mode if mode is not None else contextlib.nullcontext()):
             if job.record == "optimizer":
-                steps = StepRecorder(job.steps, watch, on_first)
+                steps = recorder(watch) if recorder else StepRecorder(job.steps, watch, on_first)
                 with steps.installed():
                     try:
                         fn(*lead, *job.args, **job.kwargs)
@@ -107,15 +109,18 @@ def run_side(job: LoopJob, fn, rank: int, tag: str = "", mode=None,
     return out.value, out.notes
 
 
-def add_companions(result: SideResult, job: LoopJob, fn, seed: int) -> None:
+def add_companions(result: SideResult, job: LoopJob, fn, seed: int, rank: int = 0,
+                   where: Callable[[str], Any] = lambda run: contextlib.nullcontext()) -> None:
     """The float64 shadow where it can run; the same-precision twin where it cannot, and beside it
     where the reference computes in a low precision (autocast, bfloat16 parameters or loss): the
     float64 run measures the reference's distance from exact arithmetic, the twin the distance
     between two runs in that precision, and the line takes the larger. Measured on the minGPT-like
     trainer in bf16 autocast, W=4, 100 AdamW steps: with the float64 run alone a correct run came
     to 0.37 of the line (Adam's first step flips the sign of near-zero bias gradients, which bf16
-    rounding moves and float64 does not); with the twin, 0.06."""
-    shadow, why = run_shadow(job, fn, seed)
+    rounding moves and float64 does not); with the twin, 0.06. ``rank`` and ``where(run)`` (a
+    context each companion runs in) serve the companions of a loop run in the ranks."""
+    with where("shadow"):
+        shadow, why = run_shadow(job, fn, seed, rank)
     if shadow is not None:
         why = same_start(result.side, shadow)
     if shadow is not None and not why:
@@ -130,7 +135,8 @@ def add_companions(result: SideResult, job: LoopJob, fn, seed: int) -> None:
 
     seed_everything(seed)
     try:
-        twin, _ = run_side(job, fn, 0, "twin/", split_sums())
+        with where("twin"):
+            twin, _ = run_side(job, fn, rank, "twin/", split_sums())
     except Exception as exc:  # noqa: BLE001 - no twin, say why
         result.floor_notes.append(f"no same-precision twin either ({type(exc).__name__}: {exc})")
         return
@@ -141,9 +147,10 @@ def add_companions(result: SideResult, job: LoopJob, fn, seed: int) -> None:
             "reference that sums every matrix product as two halves" + (", beside the float64 run" if result.shadow else ""))
 
 
-def run_shadow(job: LoopJob, fn, seed: int) -> Tuple[Optional[SideLog], str]:
-    """The reference loop again with float64 as the default dtype, from the same seed and the same
-    random draws; (None, why) where it cannot run or keeps another dtype."""
+def run_shadow(job: LoopJob, fn, seed: int, rank: int = 0) -> Tuple[Optional[SideLog], str]:
+    """The reference loop (or, in a rank, the user's loop) again with float64 as the default dtype,
+    from the same seed and the same random draws; (None, why) where it cannot run or keeps another
+    dtype."""
     import torch
 
     from ...launch.rank import seed_everything
@@ -162,7 +169,7 @@ def run_shadow(job: LoopJob, fn, seed: int) -> Tuple[Optional[SideLog], str]:
     seed_everything(seed)
     torch.set_default_dtype(torch.float64)
     try:
-        side, _ = run_side(job, fn, 0, "shadow/", float64_dispatch(pins), check)
+        side, _ = run_side(job, fn, rank, "shadow/", float64_dispatch(pins), check)
     except NoShadow as exc:
         return None, str(exc)
     except Exception as exc:  # noqa: BLE001 - a loop that cannot run in float64: say why
