@@ -16,6 +16,11 @@ against another checkout (the figure before a change; record="optimizer" cases n
 
     python benchmarks/parity_cost.py --training --repeat 3
     python benchmarks/parity_cost.py --training --root ../main --cases log
+
+``--resume`` measures ``dist.assert_resumes`` (suites/resume_trainers.py) against running the
+uninterrupted trainer once for the same N steps in a fresh folder; the budget is 3.5x:
+
+    python benchmarks/parity_cost.py --resume --repeat 3
 """
 from __future__ import annotations
 
@@ -71,21 +76,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--training", action="store_true", help="assert_same_training against the loops alone")
+    parser.add_argument("--resume", action="store_true", help="assert_resumes against the trainer run once")
     parser.add_argument("--root", type=Path, default=ROOT, help="the checkout whose pytest_mgpu is measured")
     parser.add_argument("--cases", default="", help="--training: 'log' or 'optimizer' keeps those cases")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "cost.jsonl"
-        (Path(tmp) / "test_cost.py").write_text(TRAINING_FILE if args.training else TEST_FILE)
+        (Path(tmp) / "test_cost.py").write_text(RESUME_FILE if args.resume else TRAINING_FILE if args.training
+                                                 else TEST_FILE)
         env = dict(os.environ, COST_OUT=str(out), COST_REPEAT=str(args.repeat), COST_CASES=args.cases,
                    PYTHONPATH=os.pathsep.join([str(args.root.resolve()), os.environ.get("PYTHONPATH", "")]))
         subprocess.run([sys.executable, "-m", "pytest", "test_cost.py", "--mgpu-fallback=cpu", "-q", "-p",
                         "no:cacheprovider", "--rootdir", tmp], env=env, cwd=tmp, check=False)
         rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
-    heads = ("loops once each", "assert_same_training") if args.training else ("without", "with companions")
+    heads = (("trainer once", "assert_resumes") if args.resume else ("loops once each", "assert_same_training")
+             if args.training else ("without", "with companions"))
     cases = sorted({r["case"] for r in rows}, key=[r["case"] for r in rows].index)
     table, tot = [], {True: 0.0, False: 0.0}
     for case in cases:
+        if {r["companions"] for r in rows if r["case"] == case} != {True, False}:
+            continue  # a case that failed (pytest printed why)
         med = {c: statistics.median(r["s"] for r in rows if r["case"] == case and r["companions"] == c)
                for c in (True, False)}
         tot[True] += med[True]
@@ -183,6 +193,61 @@ def test_cost(dist, case, repeat):
             dist.run_single(_stop_after, steps, ref, *args)
         if repeat == 0:
             continue  # the first round imports what each side needs in the warm ranks: not counted
+        with open(OUT, "a") as f:
+            f.write(json.dumps({"case": f"{name} x{dist.world_size}", "companions": checked,
+                                "s": time.perf_counter() - t0}) + "\\n")
+'''
+
+RESUME_FILE = '''
+import functools, json, os, tempfile, time, pytest
+from suites import resume_trainers as T
+from pytest_mgpu.parity.resume.folder import in_folder
+
+OUT = os.environ["COST_OUT"]
+P = functools.partial
+CASES = [  # the suite's sizes, where the plugin's fixed costs weigh most; then wider models
+    ("ddp snapshot", T.ddp_snapshot, 24, 14, None, 2), ("gpt adamw+cosine", T.gpt_train, 12, 6, None, 2),
+    ("fsdp2 dcp", T.fsdp2_dcp, 6, 3, None, 2), ("fsdp2 dcp 4->2", T.fsdp2_dcp, 6, 3, 2, 4),
+    ("ddp snapshot h=2048", P(T.ddp_snapshot, hidden=2048, lr=0.002), 24, 14, None, 2),
+    ("gpt dim=256", P(T.gpt_train, dim=256, global_batch=64), 12, 6, None, 2),
+    ("fsdp2 dcp dim=256", P(T.fsdp2_dcp, dim=256), 6, 3, None, 2),
+    ("fsdp2 dcp dim=256 4->2", P(T.fsdp2_dcp, dim=256), 6, 3, 2, 4)]
+
+
+class _Stop(BaseException):
+    pass
+
+
+def _once(steps, fn, folder):
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    taken = [0]
+
+    def hook(opt, args, kwargs):
+        taken[0] += 1
+        if taken[0] >= steps:
+            raise _Stop()
+    handle = register_optimizer_step_post_hook(hook)
+    try:
+        with in_folder(folder):
+            fn()
+    except _Stop:
+        pass
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize("repeat", range(int(os.environ.get("COST_REPEAT", "2")) + 1))  # 0: warm-up
+@pytest.mark.parametrize("case", [pytest.param(c, marks=getattr(pytest.mark, f"gpu{c[5]}"), id=c[0]) for c in CASES])
+def test_cost(dist, case, repeat):
+    name, fn, steps, stop, after, _ = case
+    for checked in ((True, False) if repeat % 2 == 0 else (False, True)):
+        t0 = time.perf_counter()
+        if checked:
+            dist.assert_resumes(fn, steps=steps, stop_after=stop, world_size_after=after)
+        else:
+            dist.run(_once, steps, fn, tempfile.mkdtemp())
+        if repeat == 0:
+            continue
         with open(OUT, "a") as f:
             f.write(json.dumps({"case": f"{name} x{dist.world_size}", "companions": checked,
                                 "s": time.perf_counter() - t0}) + "\\n")

@@ -11,7 +11,7 @@ import pytest
 import pytest_mgpu
 from pytest_mgpu import ParityError, RankFailure
 
-from .resume_trainers import ddp_snapshot, ddp_snapshot_spawn, fsdp2_dcp, gpt_train
+from suites.resume_trainers import ddp_snapshot, ddp_snapshot_spawn, fsdp2_dcp, gpt_train
 from .test_junit_messages import junit_head
 
 

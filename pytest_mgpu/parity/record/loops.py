@@ -76,14 +76,17 @@ def run_loop(job: LoopJob) -> SideResult:
 
 def run_side(job: LoopJob, fn, rank: int, tag: str = "", mode=None,
              on_first: Optional[Callable[[SideLog], None]] = None,
-             recorder: Optional[Callable[[Watch], StepRecorder]] = None) -> Tuple[SideLog, List[str]]:
+             recorder: Optional[Callable[[Watch], StepRecorder]] = None,
+             watched: bool = True) -> Tuple[SideLog, List[str]]:
     """The user's loop once, recorded (under the dispatch ``mode`` of a companion, if any;
-    ``record="optimizer"`` by ``recorder(watch)`` where given)."""
+    ``record="optimizer"`` by ``recorder(watch)`` where given; ``watched=False``: no model, input or
+    loss hooks, for a recorder that only counts steps)."""
     lead = (rank,) if job.spawn and not job.reference else ()
 
     def loop() -> SideLog:
         watch = Watch()
-        with watch.installed(), (mode if mode is not None else contextlib.nullcontext()):
+        with (watch.installed() if watched else contextlib.nullcontext()), \
+                (mode if mode is not None else contextlib.nullcontext()):
             if job.record == "optimizer":
                 steps = recorder(watch) if recorder else StepRecorder(job.steps, watch, on_first)
                 with steps.installed():

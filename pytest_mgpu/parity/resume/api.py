@@ -14,9 +14,9 @@ from ..record.loops import LoopJob
 from ..records import Portable
 from ..report import ParityReport
 from .folder import PhaseFolders, listing
-from .marks import mark
 from .phases import Phase, PhaseJob, PhaseResult, run_phase
-from .verdict import Run, judge_resume
+from .line import attach_line, bitwise, low_precision
+from .verdict import Run, judge_resume, marks_of, resume_point
 
 
 class ResumeSetupError(AssertionError):
@@ -42,22 +42,28 @@ def assert_resumes(dist, fn, *args, steps: int, stop_after: int, world_size_afte
     name = getattr(getattr(fn, "func", fn), "__name__", "fn")
     where = _where(dist, dist.world_size)
     run = Run(name, steps, stop_after, where, _where(dist, after), after, shared)
-    first = job("uninterrupted", folders.new("uninterrupted"),
-                companion_folders=(folders.new("float64"), folders.new("twin")))
-    uninterrupted = _phase(dist, first, dist.world_size, timeout, run)
+    uninterrupted = _phase(dist, job("uninterrupted", folders.new("uninterrupted")), dist.world_size, timeout, run)
     _check_steps("uninterrupted", [r.side and len(r.side.steps) for r in uninterrupted], steps, run)
     interrupted = _phase(dist, job("interrupted", shared, stop_after=stop_after), dist.world_size, timeout, run)
     _check_steps("interrupted", [r.taken for r in interrupted], stop_after, run)
     u0 = uninterrupted[0].side
     assert u0 is not None
-    marks = tuple(mark(s.params) for s in u0.steps) + (mark(u0.final),)
+    marks = marks_of(u0)  # raises where the uninterrupted run diverged
     resumed = _phase(dist, job("resumed", shared, marks=marks), after, timeout, run)
     if not any(r.side and r.side.steps for r in resumed):
         raise ResumeSetupError(
             f"the resumed run took no optimizer step (in {shared}, which holds {listing(shared)}): the trainer ended "
             f"at once. Did it resume past its last epoch? It must train until {steps} steps in all.")
+    u_sides = [r.side for r in uninterrupted if r.side is not None]
+    r_sides = [r.side for r in resumed if r.side is not None]
+    start, matched = resume_point(marks, r_sides[0])
+    exact = matched and start > 0 and bitwise(u_sides, r_sides, start)
+    if matched and start > 0 and not exact and rtol is None and atol is None:
+        companions = job("line", "", companion_folders=(folders.new("float64"), folders.new("twin")),
+                         low=low_precision(u_sides[0]))
+        attach_line(uninterrupted[0], _phase(dist, companions, dist.world_size, timeout, run)[0])
     _warn_notes(uninterrupted + interrupted + resumed)
-    report = judge_resume(run, uninterrupted, resumed, rtol, atol)
+    report = judge_resume(run, uninterrupted, resumed, start, matched, rtol, atol, exact)
     folders.remove()
     return report
 

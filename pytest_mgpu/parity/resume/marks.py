@@ -9,6 +9,7 @@ orders of magnitude than its neighbours, which differ by a whole optimizer step.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Dict, List, Mapping, Sequence, Tuple
 
@@ -16,6 +17,7 @@ Mark = Dict[str, Tuple[float, float, float]]
 SAME = 1e-6  # relative distance under which a mark is the state itself (float32 roundoff of a sum is ~1e-7)
 
 
+@functools.lru_cache(maxsize=64)
 def _probe(n: int):
     import torch
 
@@ -44,9 +46,15 @@ def distance(a: Mark, b: Mark) -> float:
     worst = 0.0
     for name, xs in a.items():
         ys = b[name]
+        if not all(map(math.isfinite, xs + ys)):  # inf or NaN: no distance can be told
+            return math.inf
         scale = max(abs(ys[1]), 1e-12)
         worst = max(worst, max(abs(x - y) for x, y in zip(xs, ys)) / scale)
     return worst
+
+
+def finite(state: Mark) -> bool:
+    return all(math.isfinite(x) for xs in state.values() for x in xs)
 
 
 def closest(state: Mark, states: Sequence[Mark]) -> Tuple[int, float]:

@@ -1,8 +1,10 @@
 """The rank side of ``dist.assert_resumes``: one phase of the user's trainer in this rank.
 
 - ``uninterrupted``: the trainer for N optimizer steps, recorded as ``record="optimizer"`` records
-  them, and its companions (a float64 run, or a same-precision twin) that measure the roundoff line,
-  each in a folder of its own so that none finds another's checkpoint.
+  them.
+- ``line``: only where the resumed run is not bitwise equal to the uninterrupted one (another world
+  size, non-deterministic kernels): the uninterrupted run's companions (a float64 run, or a
+  same-precision twin) that measure the roundoff line, each in a folder of its own.
 - ``interrupted``: the trainer from scratch, stopped as its (K+1)-th optimizer step begins: what it
   does after its K-th step (an end-of-epoch save) has happened. Nothing is recorded but the count.
 - ``resumed``: the trainer again in the interrupted phase's folder. At its first step it finds which
@@ -17,13 +19,14 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Literal, Optional, Tuple
 
-from ..record.loops import Gaps, LoopJob, SideResult, add_companions, run_side
+from ..record.loop_companions import split_sums
+from ..record.loops import Gaps, LoopJob, run_shadow, run_side
 from ..record.recorder import SideLog
 from ..record.step_recorder import StepRecorder, StopTraining
 from .folder import in_folder
 from .marks import Mark, closest, mark
 
-Phase = Literal["uninterrupted", "interrupted", "resumed"]
+Phase = Literal["uninterrupted", "interrupted", "resumed", "line"]
 
 
 @dataclass(frozen=True)
@@ -33,7 +36,8 @@ class PhaseJob:
     loop: LoopJob  # the trainer, its arguments, N, spawn, its store prefix
     phase: Phase
     folder: str
-    companion_folders: Tuple[str, str] = ("", "")  # uninterrupted: the float64 run's, the twin's
+    companion_folders: Tuple[str, str] = ("", "")  # line: the float64 run's, the twin's
+    low: bool = False  # line: the trainer computes in a low precision (a twin runs beside the float64 run)
     stop_after: int = 0  # interrupted: K
     marks: Tuple[Mark, ...] = ()  # resumed: the uninterrupted run's states 0..N
 
@@ -47,6 +51,7 @@ class PhaseResult:
     shadow: List[Gaps] = field(default_factory=list)
     twin: List[Gaps] = field(default_factory=list)
     floor_notes: List[str] = field(default_factory=list)
+    twin_side: Optional[SideLog] = None  # line: the same-precision twin's record (rank 0)
     taken: int = 0  # interrupted: the optimizer steps taken before the stop
     loaded: List[str] = field(default_factory=list)  # resumed: the files torch.load read
 
@@ -111,15 +116,34 @@ def run_phase(job: PhaseJob) -> PhaseResult:
         return _interrupted(job, fn, ctx.rank)
     if job.phase == "resumed":
         return _resumed(job, fn, ctx.rank)
+    if job.phase == "line":
+        return _line(job, fn, ctx.rank, ctx.seed)
     with in_folder(job.folder):
         side, notes = run_side(job.loop, fn, ctx.rank)
-    out = SideResult(side, notes)
+    return PhaseResult(side, notes)
+
+
+def _line(job: PhaseJob, fn, rank: int, seed: int) -> PhaseResult:
+    """The uninterrupted run's companions, each in its own folder: the float64 run, and where it cannot
+    run or the trainer computes in a low precision, the same-precision twin. Rank 0 sends its records;
+    the test process measures their distances from the uninterrupted run."""
+    from ...launch.rank import seed_everything
+
     shadow_dir, twin_dir = job.companion_folders
-    add_companions(out, job.loop, fn, ctx.seed, ctx.rank,
-                   lambda run: in_folder(shadow_dir if run == "shadow" else twin_dir))
-    if ctx.rank != 0:  # only rank 0's distances make the line
-        out.shadow, out.twin = [], []
-    return PhaseResult(out.side, out.notes, out.shadow, out.twin, out.floor_notes)
+    with in_folder(shadow_dir):
+        shadow, why = run_shadow(job.loop, fn, seed, rank)
+    out = PhaseResult(side=shadow if rank == 0 else None, floor_notes=[why] if why else [])
+    if shadow is not None and not job.low:
+        return out
+    seed_everything(seed)
+    try:
+        with in_folder(twin_dir):
+            twin, _ = run_side(job.loop, fn, rank, "twin/", split_sums())
+    except Exception as exc:  # noqa: BLE001 - no twin, say why
+        out.floor_notes.append(f"no same-precision twin either ({type(exc).__name__}: {exc})")
+        return out
+    out.twin_side = twin if rank == 0 else None
+    return out
 
 
 def _interrupted(job: PhaseJob, fn, rank: int) -> PhaseResult:
@@ -130,7 +154,7 @@ def _interrupted(job: PhaseJob, fn, rank: int) -> PhaseResult:
         return made[-1]
 
     with in_folder(job.folder):
-        _, notes = run_side(job.loop, fn, rank, recorder=recorder)
+        _, notes = run_side(job.loop, fn, rank, recorder=recorder, watched=False)
     return PhaseResult(notes=notes, taken=made[-1].taken if made else 0)
 
 

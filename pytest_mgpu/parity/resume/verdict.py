@@ -16,12 +16,13 @@ from ...brief import fit
 from ..engine import ParityError, ParityReport, judge
 from ..hints.diagnose import divergence_table, likely_causes, summary_table
 from ..judge.layout import Layout
+from ..judge.tolerance import Tolerance
 from ..judge.vacuous import nothing_compared
 from ..record.loops import SideResult
 from ..record.recorder import SideLog, StepLog
 from ..training import compare_sides
 from .hints import Finding, Resume, findings
-from .marks import SAME, closest, mark
+from .marks import SAME, Mark, closest, finite, mark
 from .phases import PhaseResult
 
 NOTHING = "nothing was resumed"
@@ -40,9 +41,24 @@ class Run:
     folder: str  # the interrupted and resumed phases' folder
 
 
-def resume_point(uninterrupted: SideLog, resumed: SideLog) -> Tuple[int, bool]:
+class UninterruptedDiverged(AssertionError):
+    """The uninterrupted run's parameters went to inf or NaN: no resume can be judged against it."""
+
+
+def marks_of(uninterrupted: SideLog) -> Tuple[Mark, ...]:
+    """The marks of every state of the uninterrupted run: before step 1, after step 1, ... after step N."""
+    states = tuple(mark(s.params) for s in uninterrupted.steps) + (mark(uninterrupted.final),)
+    bad = next((i for i, state in enumerate(states) if not finite(state)), None)
+    if bad is not None:
+        raise UninterruptedDiverged(
+            f"the uninterrupted run's parameters hold inf or NaN {'from the start' if bad == 0 else f'after step {bad}'}: "
+            "no resume can be judged against a run that diverged. Make the trainer train stably (a lower learning "
+            "rate, gradient clipping), or stop the test before that step.")
+    return states
+
+
+def resume_point(states: Tuple[Mark, ...], resumed: SideLog) -> Tuple[int, bool]:
     """(the uninterrupted state the resumed run's first step starts from, whether it is that state)."""
-    states = [mark(s.params) for s in uninterrupted.steps] + [mark(uninterrupted.final)]
     start, d = closest(mark(resumed.steps[0].params), states)
     return start, d <= SAME
 
@@ -64,21 +80,23 @@ def reference(sides: List[SideLog], first: PhaseResult, start: int, count: int) 
                       floor_notes=list(first.floor_notes))
 
 
-def judge_resume(run: Run, uninterrupted: List[PhaseResult], resumed: List[PhaseResult],
-                 rtol, atol) -> ParityReport:
+def judge_resume(run: Run, uninterrupted: List[PhaseResult], resumed: List[PhaseResult], start: int,
+                 matched: bool, rtol, atol, exact: bool = False) -> ParityReport:
     """The report; raises ParityError where nothing was resumed or the resumed run trains otherwise."""
     u_sides = [r.side for r in uninterrupted if r.side is not None]
     r_sides = [r.side for r in resumed if r.side is not None]
-    start, matched = resume_point(u_sides[0], r_sides[0])
     facts = Resume(u_sides, r_sides, start, matched, run.stop_after, run.steps)
     ref = reference(u_sides, uninterrupted[0], start, len(r_sides[0].steps))
     result = compare_sides(r_sides, ref, name=run.name)
     for rec in result.records:
         rec.step += start + 1
     report = judge(result, result.facts.strategy, run.world_after, run.where_after, rtol, atol, False)
+    if exact:
+        report.tolerance = Tolerance(0.0, 0.0, "the resumed run reproduced the uninterrupted run bit for bit", "bitwise")
     report.against = "the uninterrupted run"
     report.notes.insert(0, started(run, start, matched))
-    report.notes += getattr(result.facts, "loop_notes", []) + ref.floor_notes
+    report.notes += [n.replace("in fn on the ranks", "in the resumed run").replace("fn on the ranks:", "the resumed run:")
+                     for n in getattr(result.facts, "loop_notes", [])] + ref.floor_notes
     if matched and start == 0:
         from .folder import listing
 

@@ -27,7 +27,12 @@ from torch.utils.data.distributed import DistributedSampler
 
 import pytest_mgpu
 
-from .modern_public import ModelArgs, Transformer, lm_rows
+
+def lm_rows(step, batch=8, seq=8, vocab=8):
+    """Step ``step``'s global batch of token rows (inputs, next tokens): the same at any world size."""
+    g = torch.Generator().manual_seed(1000 + step)
+    data = torch.randint(0, vocab, (batch, seq + 1), generator=g)
+    return data[:, :-1], data[:, 1:]
 
 
 # ---- DDP tutorial: snapshot.pt, EPOCHS_RUN, DistributedSampler ---------------------------------------
@@ -77,10 +82,10 @@ class Trainer:
                 self._save_snapshot(epoch)
 
 
-def ddp_snapshot(max_epochs=3, bug=None, batch_size=4):
+def ddp_snapshot(max_epochs=3, bug=None, batch_size=4, hidden=16, lr=0.05):
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model = nn.Sequential(nn.Linear(10, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     data = regression_data()
     loader = DataLoader(data, batch_size=batch_size, shuffle=False, sampler=DistributedSampler(data))
     Trainer(model, loader, optimizer, 1, "snapshot.pt", bug).train(max_epochs)
@@ -116,11 +121,11 @@ def _schedule(warmup, total):
     return lr_lambda
 
 
-def gpt_train(max_iters=12, save_every=4, bug=None, global_batch=8):
+def gpt_train(max_iters=12, save_every=4, bug=None, global_batch=8, dim=16):
     rank, world = dist.get_rank(), dist.get_world_size()
     folder = pytest_mgpu.checkpoint_dir()
     torch.manual_seed(0)
-    model = TinyGPT()
+    model = TinyGPT(dim=dim)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     rest = [p for n, p in model.named_parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
@@ -139,7 +144,7 @@ def gpt_train(max_iters=12, save_every=4, bug=None, global_batch=8):
         if bug != "no_rng":
             torch.set_rng_state(torch.load(os.path.join(folder, f"rng_{rank}.pt")))
     while iter_num < max_iters:
-        x, y = lm_rows(iter_num, 1, None, batch=global_batch)
+        x, y = lm_rows(iter_num, batch=global_batch)
         share = global_batch // world
         x, y = x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
         loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
@@ -167,7 +172,32 @@ def _gpt_save(path, model, optimizer, scheduler, iter_num, rank, folder):
 GLOBAL_BATCH = 8
 
 
-def fsdp2_dcp(steps=6, save_every=2, bug=None):
+class Block(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.norm, self.ff = nn.LayerNorm(dim), nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+
+    def forward(self, x):
+        return x + self.ff(self.norm(x))
+
+
+class Transformer(nn.Module):
+    """The FSDP2 example's shape, small: embeddings, blocks (each fully_shard-ed), a norm and a head."""
+
+    def __init__(self, vocab=8, dim=16, seq=8, n_layers=2):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, dim), nn.Embedding(seq, dim)
+        self.layers = nn.ModuleList(Block(dim) for _ in range(n_layers))
+        self.norm, self.output = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, idx):
+        h = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+        for layer in self.layers:
+            h = layer(h)
+        return self.output(self.norm(h))
+
+
+def fsdp2_dcp(steps=6, save_every=2, bug=None, dim=16):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
                                                          set_model_state_dict, set_optimizer_state_dict)
@@ -176,7 +206,7 @@ def fsdp2_dcp(steps=6, save_every=2, bug=None):
 
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    model = Transformer(ModelArgs())
+    model = Transformer(dim=dim)
     mesh = init_device_mesh("cpu", (world,))
     for layer in model.layers:
         fully_shard(layer, mesh=mesh)
@@ -199,7 +229,7 @@ def fsdp2_dcp(steps=6, save_every=2, bug=None):
             if bug != "no_optimizer":
                 set_optimizer_state_dict(model, optim, state["optim"])
     for step in range(start, steps):
-        x, y = lm_rows(step, 1, None, batch=GLOBAL_BATCH)
+        x, y = lm_rows(step, batch=GLOBAL_BATCH)
         share = GLOBAL_BATCH // world
         loss = F.cross_entropy(model(x[rank * share:(rank + 1) * share]).flatten(0, 1),
                                y[rank * share:(rank + 1) * share].flatten())
