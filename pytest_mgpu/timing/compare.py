@@ -55,7 +55,8 @@ def _from_baseline(f: BaselineFile) -> Side:
 def _from_report(doc: dict) -> Side:
     latest = {d["key"]: dict(d) for d in doc.get("measurements", [])}
     launches = {k: [(d.get("x"), d.get("reference_hash") or None, d["median_s"])] for k, d in latest.items()
-                if not d.get("unstable")}  # pytest never records an unstable launch into a history
+                if not d.get("unstable") and (d.get("verdict") or {}).get("status") != rule.Status.NOISY.value}
+    # pytest never records an unstable or a noisy launch into a history
     return Side(latest, launches)
 
 
