@@ -63,7 +63,7 @@ CASES = {  # name: (history, x, unstable, x of the re-measurement)
     "same": (_hist(8, 3, sd=0.005), 0.01, "", None),
     "noisy": (_hist(8, 10, sd=0.15), 0.05, "", None),
     "slower_confirmed": (_hist(8, 4), math.log(1.5), "", math.log(1.45)),
-    "slower_unconfirmed": (_hist(8, 5), math.log(1.5), "", 0.0),
+    "slower_unconfirmed": (_hist(8, 5, sd=0.005), math.log(1.5), "", 0.0),
     "faster": (_hist(8, 6), math.log(0.6), "", None),
     "unstable_slow": (_hist(8, 7), math.log(2.0), "IQR 80% of the median (limit 60%)", None),
     "unstable_fast": (_hist(8, 8), math.log(0.5), "samples drifted from 1 ms to 3 ms within the run", None),
@@ -96,7 +96,7 @@ def test_a_noisy_launch_says_why_and_is_never_saved_to_its_history(tmp_path):
     see, the runner's load (as the probe read it) and the revision lane; a save appends the tight
     measurement's launch and not the noisy one's, and compare reads no launch from it either."""
     store = _store(tmp_path, {"wide": _hist(8, 10, sd=0.15), "tight": _hist(8, 3, sd=0.005)})
-    load = RunnerLoad(3.7, 2, (Busy(4242, "python", 0.98),))
+    load = RunnerLoad(3.7, 2, (Busy(4242, "python", 0.98), Busy(4243, "python", 0.9)), others=1.9)
     state = TimingState(TimingSettings(baselines_dir=tmp_path / "baselines"), lambda device_type: FP,
                         load_probe=lambda: load)
     judged = state.judge([_measurement("wide", 0.05), _measurement("tight", 0.0, seed=1)])
@@ -107,8 +107,9 @@ def test_a_noisy_launch_says_why_and_is_never_saved_to_its_history(tmp_path):
     detectable = rule.HistoryVerdict.from_dict(wide["verdict"]).detectable
     assert text.startswith(f"history spread {math.expm1(wide['verdict']['spread']) * 100:.0f}%: only slowdowns "
                            f"above +{detectable * 100:.0f}% can be seen here"), text
-    assert ("runner loaded: 1 other process(es) busy on the ranks' cores (pid 4242 python 98%); load average 3.7 "
-            "on 2 core(s); for a gate on this runner use --mgpu-against") in text and "not saved" in text
+    assert ("runner loaded: other processes used 1.9 of the ranks' 2 core(s) (pid 4242 python 98%, pid 4243 python "
+            "90%); load average 3.7 on 2 core(s); for a gate on this runner use --mgpu-against") in text, text
+    assert "not saved" in text
     assert messages.status_cell(wide) == "noisy" and state.problems(judged) == ([], [])
     for d in judged:
         state.collect(f"t.py::test_{d['task']['name']}", "passed", state.properties([d]))
@@ -122,12 +123,14 @@ def test_a_noisy_launch_says_why_and_is_never_saved_to_its_history(tmp_path):
 
 
 def test_the_load_is_named_only_where_it_explains_noise():
-    assert RunnerLoad(1.2, 2).describe() == ""
+    assert RunnerLoad(1.2, 2, (Busy(7, "sshd", 0.12),), others=0.3).describe() == ""
     assert RunnerLoad(4.4, 2).describe() == "runner loaded: load average 4.4 on 2 core(s)"
+    assert RunnerLoad(1.0, 2, others=0.6).describe() == "runner loaded: other processes used 0.6 of the ranks' 2 core(s)"
     me, rank, burner, idle = 2**30, 2**30 + 1, 2**30 + 2, 2**30 + 3  # pids no process has
     before = {me: (1, "pytest", 0), rank: (me, "python", 0), burner: (1, "python", 0), idle: (1, "sshd", 0)}
     after = {me: (1, "pytest", 10), rank: (me, "python", 50), burner: (1, "python", 49), idle: (1, "sshd", 1)}
-    assert busy_others(before, after, 0.5, 100, frozenset({0, 1}), me) == [Busy(burner, "python", 0.98)]
+    got = busy_others(before, after, 0.5, 100, frozenset({0, 1}), me)
+    assert got == [Busy(burner, "python", 0.98), Busy(idle, "sshd", 0.02)]  # never this process tree
     now = load_probe()
     assert now is None or (now.cores >= 1 and all(b.pid != os.getpid() for b in now.busy))
 

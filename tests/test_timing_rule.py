@@ -126,6 +126,14 @@ def test_confirmation_needs_both_launches():
     assert confirm(same, first) is same  # only a flagged launch is re-judged
 
 
+def test_a_flagged_launch_the_re_measurement_undoes_is_noisy_where_the_history_is_wide():
+    h = _history(20, sd=0.10)  # sees +38% and more, not +10%
+    first = judge_history(math.log(2.0), h)
+    assert first.flagged and confirm(first, judge_history(math.log(1.9), h)).status == Status.SLOWER
+    undone = confirm(first, judge_history(0.0, h))
+    assert undone.status == Status.NOISY and not undone.flagged and undone.x_again == 0.0
+
+
 def test_verdict_round_trips_as_plain_data():
     v = confirm(judge_history(0.5, _history(8)), judge_history(0.6, _history(8)))
     assert rule.HistoryVerdict.from_dict(v.to_dict()) == v and v.to_dict()["status"] == "slower"

@@ -1,9 +1,9 @@
 """What else runs on the ranks' cores: the runner's load, said beside a ``noisy`` verdict.
 
 Two readings, both from Linux's ``/proc`` (elsewhere: nothing is said): the 1-minute load average
-against the cores this process (and so its ranks) may run on, and the processes outside this
-process tree that used at least half a core over a short window and may run on those cores. Only
-read when a verdict needs the words; it never decides a verdict.
+against the cores this process (and so its ranks) may run on, and the CPU time that processes
+outside this process tree, allowed on those cores, used over a short window. Only read when a
+verdict needs the words; it never decides a verdict.
 """
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
-BUSY = 0.5  # share of one core over the window from which another process counts as busy
+BUSY = 0.1  # share of one core over the window from which another process is named
+EXPLAINS = 0.5  # cores' worth of other processes' CPU time that is said to explain noise
 WINDOW_S = 0.25  # how long the processes' CPU time is watched
 
 
@@ -30,16 +31,18 @@ class Busy:
 class RunnerLoad:
     loadavg: float  # 1-minute load average
     cores: int  # cores this process may run on
-    busy: Tuple[Busy, ...] = ()  # other processes busy on those cores
+    busy: Tuple[Busy, ...] = ()  # other processes busy on those cores, busiest first
+    others: float = 0.0  # cores' worth of CPU time all other processes on those cores used
 
     def describe(self) -> str:
-        """The load's words where it explains noise (load average over the cores, or busy processes
-        on the ranks' cores), with the numbers; "" where it does not."""
+        """The load's words where it explains noise (other processes' CPU time on the ranks' cores, or
+        the load average over the cores), with the numbers; "" where it does not."""
         parts = []
-        if self.busy:
+        if self.others >= EXPLAINS:
             names = ", ".join(f"pid {b.pid} {b.name} {b.share * 100:.0f}%" for b in self.busy[:3])
             more = f" and {len(self.busy) - 3} more" if len(self.busy) > 3 else ""
-            parts.append(f"{len(self.busy)} other process(es) busy on the ranks' cores ({names}{more})")
+            parts.append(f"other processes used {self.others:.1f} of the ranks' {self.cores} core(s)"
+                         + (f" ({names}{more})" if names else ""))
         if self.loadavg > self.cores:
             parts.append(f"load average {self.loadavg:.1f} on {self.cores} core(s)")
         return "runner loaded: " + "; ".join(parts) if parts else ""
@@ -100,17 +103,16 @@ def _allowed(pid: int) -> Optional[FrozenSet[int]]:
 
 def busy_others(before: Dict[int, Tuple[int, str, int]], after: Dict[int, Tuple[int, str, int]],
                 seconds: float, ticks: int, cores: FrozenSet[int], me: int) -> List[Busy]:
-    """Processes outside ``me``'s tree that used at least BUSY of a core between two snapshots and
-    may run on ``cores``; busiest first."""
+    """Every process outside ``me``'s tree that used CPU between two snapshots and may run on
+    ``cores``, with its share of one core; busiest first."""
     mine = _tree(me, {pid: st[0] for pid, st in after.items()})
     out = []
     for pid, (_, name, cpu) in after.items():
-        if pid in mine or pid not in before:
+        if pid in mine or pid not in before or cpu <= before[pid][2]:
             continue
-        share = (cpu - before[pid][2]) / ticks / seconds
         allowed = _allowed(pid)
-        if share >= BUSY and (allowed is None or allowed & cores):
-            out.append(Busy(pid, name, share))
+        if allowed is None or allowed & cores:
+            out.append(Busy(pid, name, (cpu - before[pid][2]) / ticks / seconds))
     return sorted(out, key=lambda b: -b.share)
 
 
@@ -125,4 +127,5 @@ def probe(window_s: float = WINDOW_S) -> Optional[RunnerLoad]:
         after, seconds = _snapshot(), time.monotonic() - start
     except (OSError, AttributeError, ValueError):
         return None
-    return RunnerLoad(loadavg, len(cores), tuple(busy_others(before, after, seconds, ticks, cores, os.getpid())))
+    others = busy_others(before, after, seconds, ticks, cores, os.getpid())
+    return RunnerLoad(loadavg, len(cores), tuple(b for b in others if b.share >= BUSY), sum(b.share for b in others))

@@ -157,10 +157,13 @@ def decide(x: Optional[float], history: Sequence[Optional[float]], threshold: fl
 
 
 def confirm(first: HistoryVerdict, again: HistoryVerdict) -> HistoryVerdict:
-    """The verdict after re-measuring a flagged launch: a regression only if both are flagged."""
+    """The verdict after re-measuring a flagged launch: a regression only if both are flagged; not
+    confirmed, it is UNCONFIRMED ("same (re-measured)") only where the history could see the
+    threshold, NOISY where it could not."""
     if not first.flagged:
         return first
-    status = Status.SLOWER if again.flagged else Status.UNCONFIRMED
+    blind = first.detectable is not None and first.detectable > first.threshold
+    status = Status.SLOWER if again.flagged else (Status.NOISY if blind else Status.UNCONFIRMED)
     return replace(first, status=status, x_again=again.x, p_again=again.p_value)
 
 
