@@ -5,7 +5,8 @@ launch is flagged SLOWER when x lies above the one-sided t prediction interval o
 (log space, level 1 - ALPHA) AND the slowdown against the history's centre exceeds the effect size
 (``--mgpu-regression``, default 10%). A flagged launch is re-measured once in the same test and fails
 only when the re-measurement is flagged too (``confirm``), as Chromium's Pinpoint re-runs when
-undecided.
+undecided. Where the interval is wider than the effect size, the history cannot see a change of it: a
+launch inside the interval is then NOISY, never SAME (``detectable_change``; never a failure, never saved).
 
 Why this and not Mann-Whitney on iterations (kept as information): on the shared 2-core machine the
 machine's speed moves between launches by far more than a step's iterations vary inside one launch
