@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Tuple
 
 from . import rule
 from .baselines import BaselineError, BaselineFile
+from .messages import noisy_lines
 from .pairing import RevisionStatus, judge_pairs
 from .report import build_rows, terminal_table
 from .stats import mann_whitney
@@ -117,6 +118,8 @@ def main(argv=None) -> int:
           f"{len(set(old.latest) - set(new.latest))} only in OLD")
     if rows:
         print(terminal_table(rows))
+    for line in noisy_lines(judged):
+        print(line)
     slower = [d["key"] for d in judged if d["verdict"]["status"] == rule.Status.SLOWER.value]
     slower += [f"{d['key']} (against {d['revision']['rev']})" for d in judged
                if (d.get("revision") or {}).get("verdict", {}).get("status") == RevisionStatus.SLOWER.value]
