@@ -95,12 +95,16 @@ def test_a_noisy_launch_says_why_and_is_never_saved_to_its_history(tmp_path):
     """A wide history judges a launch noisy: the words name the spread, the smallest slowdown it can
     see, the runner's load (as the probe read it) and the revision lane; a save appends the tight
     measurement's launch and not the noisy one's, and compare reads no launch from it either."""
-    store = _store(tmp_path, {"wide": _hist(8, 10, sd=0.15), "tight": _hist(8, 3, sd=0.005)})
+    store = _store(tmp_path, {"wide": _hist(8, 10, sd=0.15), "tight": _hist(8, 3, sd=0.005),
+                              "wide2": _hist(8, 11, sd=0.2)})
     load = RunnerLoad(3.7, 2, (Busy(4242, "python", 0.98), Busy(4243, "python", 0.9)), others=1.9)
+    reads = []
     state = TimingState(TimingSettings(baselines_dir=tmp_path / "baselines"), lambda device_type: FP,
-                        load_probe=lambda: load)
-    judged = state.judge([_measurement("wide", 0.05), _measurement("tight", 0.0, seed=1)])
-    wide, tight = judged
+                        load_probe=lambda: reads.append(1) or load)
+    judged = state.judge([_measurement("wide", 0.05), _measurement("tight", 0.0, seed=1),
+                          _measurement("wide2", 0.0, seed=2)])
+    wide, tight, wide2 = judged
+    assert len(reads) == 1 and wide2["runner_load"] == wide["runner_load"]  # read once per test
     assert wide["verdict"]["status"] == "noisy" and tight["verdict"]["status"] == "same"
     assert "runner_load" not in tight  # the load is read for a noisy verdict only
     text = messages.describe(wide)
@@ -114,7 +118,7 @@ def test_a_noisy_launch_says_why_and_is_never_saved_to_its_history(tmp_path):
     for d in judged:
         state.collect(f"t.py::test_{d['task']['name']}", "passed", state.properties([d]))
     lines = state.save_baselines(None, "0.1.0")
-    assert "baselines: 1 noisy measurement(s) not saved (their history could not judge them)" in lines, lines
+    assert "baselines: 2 noisy measurement(s) not saved (their history could not judge them)" in lines, lines
     doc = json.loads(store.path_for(FP).read_text())["entries"]
     assert len(doc[_task("wide").key]["launches"]) == 8 and len(doc[_task("tight").key]["launches"]) == 9
     report = tmp_path / "report.json"
