@@ -3,13 +3,16 @@ by one function on the same data, an unstable measurement is never faster or slo
 file of an older fingerprint is named as stale instead of ignored."""
 import json
 import math
+import os
 import random
 from pathlib import Path
 
 import pytest
 
 from pytest_mgpu.settings import TimingSettings
-from pytest_mgpu.timing import compare, rule
+from pytest_mgpu.timing import compare, messages, rule
+from pytest_mgpu.timing.load import Busy, RunnerLoad, busy_others
+from pytest_mgpu.timing.load import probe as load_probe
 from pytest_mgpu.timing.baselines import FORMAT, BaselineFile, BaselineStore, Launch, NewLaunch
 from pytest_mgpu.timing.fingerprint import Fingerprint, fingerprint
 from pytest_mgpu.timing.measure import Measurement, TaskSpec
@@ -57,9 +60,10 @@ CASES = {  # name: (history, x, unstable, x of the re-measurement)
     "none": ([], 0.3, "", None),
     "learning": (_hist(1, 1), math.log(1.159), "", None),
     "learning4": (_hist(4, 2), math.log(0.7), "", None),
-    "same": (_hist(8, 3), 0.01, "", None),
+    "same": (_hist(8, 3, sd=0.005), 0.01, "", None),
+    "noisy": (_hist(8, 10, sd=0.15), 0.05, "", None),
     "slower_confirmed": (_hist(8, 4), math.log(1.5), "", math.log(1.45)),
-    "slower_unconfirmed": (_hist(8, 5), math.log(1.5), "", 0.0),
+    "slower_unconfirmed": (_hist(8, 5, sd=0.005), math.log(1.5), "", 0.0),
     "faster": (_hist(8, 6), math.log(0.6), "", None),
     "unstable_slow": (_hist(8, 7), math.log(2.0), "IQR 80% of the median (limit 60%)", None),
     "unstable_fast": (_hist(8, 8), math.log(0.5), "samples drifted from 1 ms to 3 ms within the run", None),
@@ -84,7 +88,55 @@ def test_compare_and_pytest_give_the_same_verdict_on_the_same_data(tmp_path):
         assert theirs == ours, d["key"]
         seen.add(ours.status)
     assert seen == {rule.Status.NEW, rule.Status.LEARNING, rule.Status.SAME, rule.Status.SLOWER,
-                    rule.Status.UNCONFIRMED, rule.Status.FASTER, rule.Status.UNSTABLE}
+                    rule.Status.UNCONFIRMED, rule.Status.FASTER, rule.Status.UNSTABLE, rule.Status.NOISY}
+
+
+def test_a_noisy_launch_says_why_and_is_never_saved_to_its_history(tmp_path):
+    """A wide history judges a launch noisy: the words name the spread, the smallest slowdown it can
+    see, the runner's load (as the probe read it) and the revision lane; a save appends the tight
+    measurement's launch and not the noisy one's, and compare reads no launch from it either."""
+    store = _store(tmp_path, {"wide": _hist(8, 10, sd=0.15), "tight": _hist(8, 3, sd=0.005),
+                              "wide2": _hist(8, 11, sd=0.2)})
+    load = RunnerLoad(3.7, 2, (Busy(4242, "python", 0.98), Busy(4243, "python", 0.9)), others=1.9)
+    reads = []
+    state = TimingState(TimingSettings(baselines_dir=tmp_path / "baselines"), lambda device_type: FP,
+                        load_probe=lambda: reads.append(1) or load)
+    judged = state.judge([_measurement("wide", 0.05), _measurement("tight", 0.0, seed=1),
+                          _measurement("wide2", 0.0, seed=2)])
+    wide, tight, wide2 = judged
+    assert len(reads) == 1 and wide2["runner_load"] == wide["runner_load"]  # read once per test
+    assert wide["verdict"]["status"] == "noisy" and tight["verdict"]["status"] == "same"
+    assert "runner_load" not in tight  # the load is read for a noisy verdict only
+    text = messages.describe(wide)
+    detectable = rule.HistoryVerdict.from_dict(wide["verdict"]).detectable
+    assert text.startswith(f"history spread {math.expm1(wide['verdict']['spread']) * 100:.0f}%: only slowdowns "
+                           f"above +{detectable * 100:.0f}% can be seen here"), text
+    assert ("runner loaded: other processes used 1.9 of the ranks' 2 core(s) (pid 4242 python 98%, pid 4243 python "
+            "90%); load average 3.7 on 2 core(s); for a gate on this runner use --mgpu-against") in text, text
+    assert "not saved" in text
+    assert messages.status_cell(wide) == "noisy" and state.problems(judged) == ([], [])
+    for d in judged:
+        state.collect(f"t.py::test_{d['task']['name']}", "passed", state.properties([d]))
+    lines = state.save_baselines(None, "0.1.0")
+    assert "baselines: 2 noisy measurement(s) not saved (their history could not judge them)" in lines, lines
+    doc = json.loads(store.path_for(FP).read_text())["entries"]
+    assert len(doc[_task("wide").key]["launches"]) == 8 and len(doc[_task("tight").key]["launches"]) == 9
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"format": "pytest-mgpu timing report 2", "rows": [], "measurements": judged}))
+    assert set(compare.load(report).launches) == {_task("tight").key}
+
+
+def test_the_load_is_named_only_where_it_explains_noise():
+    assert RunnerLoad(1.2, 2, (Busy(7, "sshd", 0.12),), others=0.3).describe() == ""
+    assert RunnerLoad(4.4, 2).describe() == "runner loaded: load average 4.4 on 2 core(s)"
+    assert RunnerLoad(1.0, 2, others=0.6).describe() == "runner loaded: other processes used 0.6 of the ranks' 2 core(s)"
+    me, rank, burner, idle = 2**30, 2**30 + 1, 2**30 + 2, 2**30 + 3  # pids no process has
+    before = {me: (1, "pytest", 0), rank: (me, "python", 0), burner: (1, "python", 0), idle: (1, "sshd", 0)}
+    after = {me: (1, "pytest", 10), rank: (me, "python", 50), burner: (1, "python", 49), idle: (1, "sshd", 1)}
+    got = busy_others(before, after, 0.5, 100, frozenset({0, 1}), me)
+    assert got == [Busy(burner, "python", 0.98), Busy(idle, "sshd", 0.02)]  # never this process tree
+    now = load_probe()
+    assert now is None or (now.cores >= 1 and all(b.pid != os.getpid() for b in now.busy))
 
 
 @pytest.mark.parametrize("x", [math.log(0.3), math.log(3.0)])

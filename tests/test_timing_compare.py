@@ -40,6 +40,16 @@ def test_compare_baseline_histories_exit_status(tmp_path):
     assert all(len(line) <= 120 for line in r.stdout.splitlines())
 
 
+def test_compare_calls_a_change_its_history_cannot_see_noisy_and_passes(tmp_path):
+    old = _history(tmp_path / "old", [0.0, 0.3, -0.3, 0.2, -0.2, 0.1, -0.1, 0.0])  # sees only +150% and more
+    r = _compare(old, _history(tmp_path / "new", [math.log(1.5)]))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "+50.0% (n=8)" in r.stdout and "SLOWER" not in r.stdout
+    assert (f"{KEY}: noisy: history spread 22%: only slowdowns above +" in r.stdout
+            and "can be seen here (threshold +10%, 8 launches); for a gate on this runner use --mgpu-against"
+            in r.stdout), r.stdout
+
+
 def _report(path, median, x=None, unstable=""):
     d = {"key": KEY, "median_s": median, "iqr_s": 0.001, "x": x, "reference_hash": "h1", "unstable": unstable,
          "samples_s": [median * (1 + 0.01 * i) for i in range(10)],

@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Tuple
 
 from . import rule
 from .baselines import BaselineError, BaselineFile
+from .messages import noisy_lines
 from .pairing import RevisionStatus, judge_pairs
 from .report import build_rows, terminal_table
 from .stats import mann_whitney
@@ -55,7 +56,8 @@ def _from_baseline(f: BaselineFile) -> Side:
 def _from_report(doc: dict) -> Side:
     latest = {d["key"]: dict(d) for d in doc.get("measurements", [])}
     launches = {k: [(d.get("x"), d.get("reference_hash") or None, d["median_s"])] for k, d in latest.items()
-                if not d.get("unstable")}  # pytest never records an unstable launch into a history
+                if not d.get("unstable") and (d.get("verdict") or {}).get("status") != rule.Status.NOISY.value}
+    # pytest never records an unstable or a noisy launch into a history
     return Side(latest, launches)
 
 
@@ -116,6 +118,8 @@ def main(argv=None) -> int:
           f"{len(set(old.latest) - set(new.latest))} only in OLD")
     if rows:
         print(terminal_table(rows))
+    for line in noisy_lines(judged):
+        print(line)
     slower = [d["key"] for d in judged if d["verdict"]["status"] == rule.Status.SLOWER.value]
     slower += [f"{d['key']} (against {d['revision']['rev']})" for d in judged
                if (d.get("revision") or {}).get("verdict", {}).get("status") == RevisionStatus.SLOWER.value]

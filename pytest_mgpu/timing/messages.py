@@ -64,6 +64,8 @@ def describe(d: dict) -> str:
     text = (f"median {new} vs history median of medians {hist} over {v.n_history} launch(es) "
             f"(spread {spread} sd of ln(step/reference)); reference-normalized ratio {ratio}, "
             f"threshold +{v.threshold * 100:.0f}%")
+    if v.status == Status.NOISY:
+        return f"{noisy_line(d)}. Compared: {text}; baseline: {source}; not saved to the history"
     if v.status == Status.LEARNING:
         return (text + f"; {v.n_history} of {MIN_HISTORY} launches recorded: the gate decides from "
                 f"{MIN_HISTORY} (baseline {source}). Record more with --mgpu-save-baselines")
@@ -80,6 +82,24 @@ def describe(d: dict) -> str:
     elif v.status == Status.FASTER:
         text += ". Faster than its history: record it with --mgpu-save-baselines to tighten the gate"
     return text
+
+
+def noisy_line(d: dict) -> str:
+    """Why a NOISY launch was not judged: the history's spread, the smallest slowdown it can see,
+    what explains the noise when the runner's load does, and what to use instead."""
+    v = verdict_of(d)
+    assert v is not None and v.spread is not None and v.detectable is not None  # judged from a history
+    text = (f"history spread {math.expm1(v.spread) * 100:.0f}%: only slowdowns above +{v.detectable * 100:.0f}% "
+            f"can be seen here (threshold +{v.threshold * 100:.0f}%, {v.n_history} launches)")
+    if d.get("runner_load"):
+        text += f"; {d['runner_load']}"
+    return text + "; for a gate on this runner use --mgpu-against"
+
+
+def noisy_lines(measurements) -> list:
+    """Under the terminal table: one line per measurement its history could not judge (NOISY)."""
+    return [f"{d['key']}: noisy: {noisy_line(d)}" for d in measurements
+            if (d.get("verdict") or {}).get("status") == Status.NOISY.value]
 
 
 # -- the revision lane (--mgpu-against) -------------------------------------------------------------

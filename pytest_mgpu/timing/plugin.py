@@ -19,7 +19,7 @@ from .. import __version__
 from ..settings import TIMING_OPTIONS, SettingsError, add_options, resolve_timing
 from .baselines import check_writable
 from ..workers import under_xdist
-from .messages import TimingRegressionWarning, regression_headline
+from .messages import TimingRegressionWarning, noisy_lines, regression_headline
 from .state import TimingState
 
 
@@ -193,7 +193,7 @@ class TimingPlugin:
         for line in self.notes:
             terminalreporter.write_line(line)
         terminalreporter.write_line(terminal_table(self.rows))
-        for line in lane_details(self.rows):
+        for line in lane_details(self.rows) + noisy_lines(r.measurement for r in self.rows if r.lane == "history"):
             terminalreporter.write_line(line)
         for line in self.lines:
             terminalreporter.write_line(line)

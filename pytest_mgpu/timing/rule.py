@@ -5,7 +5,8 @@ launch is flagged SLOWER when x lies above the one-sided t prediction interval o
 (log space, level 1 - ALPHA) AND the slowdown against the history's centre exceeds the effect size
 (``--mgpu-regression``, default 10%). A flagged launch is re-measured once in the same test and fails
 only when the re-measurement is flagged too (``confirm``), as Chromium's Pinpoint re-runs when
-undecided.
+undecided. Where the interval is wider than the effect size, the history cannot see a change of it: a
+launch inside the interval is then NOISY, never SAME (``detectable_change``; never a failure, never saved).
 
 Why this and not Mann-Whitney on iterations (kept as information): on the shared 2-core machine the
 machine's speed moves between launches by far more than a step's iterations vary inside one launch
@@ -56,6 +57,7 @@ class Status(str, Enum):
     UNCONFIRMED = "unconfirmed"  # flagged, but the re-measurement was not: not a regression
     UNSTABLE = "unstable"  # the measurement itself is not sane: not judged, not saved
     UNREADABLE = "unreadable"  # the baseline file is damaged: measured as if none existed
+    NOISY = "noisy"  # the history's interval is wider than the threshold: blind to such a change; not saved
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class HistoryVerdict:
     p_value: Optional[float] = None  # of x under the history (slower side)
     x_again: Optional[float] = None  # the re-measurement's x, when there was one
     p_again: Optional[float] = None
+    detectable: Optional[float] = None  # the smallest slowdown this history can flag (0.10 = +10%)
 
     @property
     def ratio(self) -> Optional[float]:
@@ -100,9 +103,18 @@ class HistoryVerdict:
         return cls(**kw)
 
 
+def detectable_change(spread: float, n: int, threshold: float = DEFAULT_THRESHOLD, alpha: float = ALPHA) -> float:
+    """The smallest slowdown (0.10 = +10%) a history of ``n`` launches with log-space ``spread`` can
+    flag: the half-width of its one-sided t prediction interval, and never below the threshold."""
+    half = t_quantile(1.0 - alpha, n - 1) * max(spread, SD_FLOOR) * math.sqrt(1.0 + 1.0 / n)
+    return max(math.expm1(half), threshold)
+
+
 def judge_history(x: Optional[float], history: Sequence[Optional[float]], threshold: float = DEFAULT_THRESHOLD,
                   alpha: float = ALPHA, min_history: int = MIN_HISTORY) -> HistoryVerdict:
-    """Judge one launch's x against the x of earlier launches (same reference workload)."""
+    """Judge one launch's x against the x of earlier launches (same reference workload). Where the
+    interval is wider than the threshold (``detectable_change`` above it), a launch inside it is
+    NOISY, never SAME: the history could not have seen a change of the threshold."""
     hist = [h for h in history if h is not None and math.isfinite(h)]
     n = len(hist)
     if x is None or n == 0:
@@ -116,13 +128,14 @@ def judge_history(x: Optional[float], history: Sequence[Optional[float]], thresh
     t = (x - center) / scale
     p = t_sf(t, n - 1)
     effect = math.log1p(threshold)
+    detectable = detectable_change(sd, n, threshold, alpha)
     if x > center + q * scale and x - center > effect:
         status = Status.SLOWER
     elif x < center - q * scale and center - x > effect:
         status = Status.FASTER
     else:
-        status = Status.SAME
-    return HistoryVerdict(status, x, n, threshold, alpha, center, sd, center + q * scale, p)
+        status = Status.NOISY if detectable > threshold else Status.SAME
+    return HistoryVerdict(status, x, n, threshold, alpha, center, sd, center + q * scale, p, detectable=detectable)
 
 
 def decide(x: Optional[float], history: Sequence[Optional[float]], threshold: float = DEFAULT_THRESHOLD,
@@ -145,10 +158,13 @@ def decide(x: Optional[float], history: Sequence[Optional[float]], threshold: fl
 
 
 def confirm(first: HistoryVerdict, again: HistoryVerdict) -> HistoryVerdict:
-    """The verdict after re-measuring a flagged launch: a regression only if both are flagged."""
+    """The verdict after re-measuring a flagged launch: a regression only if both are flagged; not
+    confirmed, it is UNCONFIRMED ("same (re-measured)") only where the history could see the
+    threshold, NOISY where it could not."""
     if not first.flagged:
         return first
-    status = Status.SLOWER if again.flagged else Status.UNCONFIRMED
+    blind = first.detectable is not None and first.detectable > first.threshold
+    status = Status.SLOWER if again.flagged else (Status.NOISY if blind else Status.UNCONFIRMED)
     return replace(first, status=status, x_again=again.x, p_again=again.p_value)
 
 

@@ -12,6 +12,7 @@ from ..settings import TimingSettings
 from . import rule
 from .baselines import STALE, BaselineStore, Launch, NewLaunch, utc_now
 from .fingerprint import Fingerprint
+from .load import RunnerLoad, probe
 from .measure import Measurement
 from .pairing import RevisionStatus
 from .stats import mann_whitney
@@ -35,6 +36,7 @@ class TimingState:
     options: TimingSettings
     fingerprint_of: Callable[[str], Fingerprint]  # device type -> this machine's fingerprint
     shared_cores: bool = False  # under xdist: tests run at once and time each other's load
+    load_probe: Callable[[], Optional[RunnerLoad]] = probe  # read for a noisy verdict's words only
     records: Dict[str, TestTiming] = field(default_factory=dict)
     _fps: Dict[str, Fingerprint] = field(default_factory=dict)
     _store: Optional[BaselineStore] = None
@@ -71,8 +73,10 @@ class TimingState:
         return v, (base.source if base else ""), p
 
     def judge(self, measurements: List[Measurement]) -> List[dict]:
-        """Each measurement as plain data, with its fingerprint and the gate's verdict."""
+        """Each measurement as plain data, with its fingerprint and the gate's verdict (and, for a noisy
+        one, the runner's load as ``load_probe`` reads it)."""
         out = []
+        seen: Dict[str, Optional[RunnerLoad]] = {}
         for m in measurements:
             fp = self.fingerprint(m.task.device_type)
             v, source, p = self.verdict(m)
@@ -81,6 +85,10 @@ class TimingState:
                      baseline_source=source, mann_whitney_p=p, gate_mode=self.options.mode_for(self.shared_cores))
             base = self.store.lookup(fp, m.task.key)
             d["history_median_s"] = base.entry.median_of_medians if base else None
+            if v.status == rule.Status.NOISY:
+                if "load" not in seen:  # read once per test, for its noisy measurements only
+                    seen["load"] = self.load_probe()
+                d["runner_load"] = seen["load"].describe() if seen["load"] is not None else ""
             out.append(d)
         return out
 
@@ -124,14 +132,16 @@ class TimingState:
 
     def save_baselines(self, commit: Optional[str], version: str) -> List[str]:
         """Append this launch to the histories of measurements of tests that passed; never an
-        unstable measurement's."""
+        unstable or a noisy measurement's (neither is evidence of the step's speed)."""
         by_fp: Dict[str, Tuple[Fingerprint, Dict[str, NewLaunch]]] = {}
-        failed = unstable = 0
+        failed = unstable = noisy = 0
         for rec, d in self.measurements():
             if rec.outcome != "passed":
                 failed += 1
             elif d.get("unstable"):
                 unstable += 1
+            elif (d.get("verdict") or {}).get("status") == rule.Status.NOISY.value:
+                noisy += 1
             else:
                 fp = Fingerprint.from_dict(d["fingerprint"])
                 by_fp.setdefault(fp.key(), (fp, {}))[1][d["key"]] = new_launch(d, commit, version)
@@ -143,6 +153,8 @@ class TimingState:
             lines.append(f"baselines: {failed} measurement(s) of failed tests not saved")
         if unstable:
             lines.append(f"baselines: {unstable} unstable measurement(s) not saved")
+        if noisy:
+            lines.append(f"baselines: {noisy} noisy measurement(s) not saved (their history could not judge them)")
         return lines
 
     def fingerprint_notes(self) -> List[str]:
