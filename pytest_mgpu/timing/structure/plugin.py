@@ -121,6 +121,7 @@ class StructurePlugin:
             return
         terminalreporter.section("pytest-mgpu structure")
         for v in self.verdicts:
-            terminalreporter.write_line(f"{v.test}  {v.call}  {v.status}")
+            why = f": {v.lines[0]}" if v.status == "other torch" and v.lines else ""
+            terminalreporter.write_line(f"{v.test}  {v.call}  {v.status}{why}")
         for line in self.lines:
             terminalreporter.write_line(line)
