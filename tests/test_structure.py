@@ -110,9 +110,14 @@ def test_simulated_recorded_then_checked_then_a_block_left_unwrapped_fails(pytes
     [(torch_version, section)] = doc["torch"].items()
     steps = section["test_it.py::test_sim"]["simulate#0 fsdp_sim"]["ranks"]["3"]
     assert [s["step"] for s in steps] == ["train"] and steps[0]["counts"]["all_gather_into_tensor"] > 0
-    same = run(pytester)
+    same = run(pytester, "--mgpu-report=r.json", "--mgpu-report=r.md")
     same.assert_outcomes(passed=1)
     same.stdout.fnmatch_lines(["test_it.py::test_sim  simulate#0 fsdp_sim  same"])
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert [(v["test"], v["call"], v["status"]) for v in report["structure"]] == [
+        ("test_it.py::test_sim", "simulate#0 fsdp_sim", "same")]
+    markdown = (pytester.path / "r.md").read_text()
+    assert "## pytest-mgpu structure" in markdown and "| `test_it.py::test_sim` | simulate#0 fsdp_sim | same |" in markdown
     write(pytester, SIM, wrap_all=False)
     changed = run(pytester)
     changed.assert_outcomes(failed=1)

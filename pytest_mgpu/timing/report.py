@@ -235,7 +235,7 @@ def lane_details(rows: Sequence[Row]) -> List[str]:
 def markdown(rows: Sequence[Row], notes: Sequence[str] = (), structure: Sequence[dict] = ()) -> str:
     """A Markdown document that fits a CI job summary ($GITHUB_STEP_SUMMARY): the timings, then the
     structure verdicts (``structure``: ``Verdict.to_dict()`` of each judged call)."""
-    if not rows:
+    if not rows and structure:  # a session with structure verdicts and no timings
         return structure_markdown(structure)
     out = ["## pytest-mgpu timing", ""]
     out += [f"- {n.strip()}" for n in notes]
