@@ -170,8 +170,10 @@ def test_fsdp2_block_left_unwrapped_on_real_ranks(pytester):
     write(pytester, FSDP, wrap_all=False)
     changed = run(pytester)
     changed.assert_outcomes(failed=2)
+    text = failure_text(changed)
+    print(text)
     for w in (2, 4):  # the unwrapped block's parameters join the root's all-gather: one fewer
-        before, after = count_change(failure_text(changed), "step 0", "all_gather_into_tensor",
+        before, after = count_change(text, "step 0", "all_gather_into_tensor",
                                      f"benchmark fsdp, ranks 0-{w - 1} of {w}")
         assert after == before - 1
 
