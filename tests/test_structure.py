@@ -210,3 +210,19 @@ def test_a_damaged_golden_file_stops_the_run_saying_what_to_do(pytester):
     result = run(pytester)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*structure.json: cannot be read as JSON*record again with --mgpu-save-baselines*"])
+
+
+def test_under_xdist_workers_judge_and_the_controller_reports(subpytest):
+    pytester = subpytest.pytester
+    write(pytester, SIM + DDP)
+    run(pytester, "--mgpu-save-baselines").assert_outcomes(passed=3)
+    write(pytester, SIM + DDP, cap=0.001)
+    rc, out = subpytest.run("-n", "2", "--mgpu-fallback=cpu", "-q", timeout=300)
+    assert rc == pytest.ExitCode.TESTS_FAILED, out
+    assert "2 failed, 1 passed" in out, out
+    section = out.split("pytest-mgpu structure", 1)[1]  # the controller's, from the workers' verdicts
+    for line in ("test_it.py::test_sim  simulate#0 fsdp_sim  same", "test_it.py::test_ddp[gpu2]  benchmark ddp  changed",
+                 "test_it.py::test_ddp[gpu4]  benchmark ddp  changed"):
+        assert line in section, out
+    assert out.count("If this change is intended, record it: --mgpu-save-baselines") >= 2
+    assert subpytest.leftovers() == []
