@@ -102,7 +102,8 @@ def test_simulated_recorded_then_checked_then_a_block_left_unwrapped_fails(pytes
     write(pytester, SIM)
     new = run(pytester)
     new.assert_outcomes(passed=1)
-    new.stdout.fnmatch_lines(["*pytest-mgpu structure*", "test_it.py::test_sim  simulate#0 fsdp_sim  new"])
+    new.stdout.fnmatch_lines(["*pytest-mgpu structure*", "test_it.py::test_sim  simulate#0 fsdp_sim  new",
+                              "1 call(s) without a golden: not judged; record them with --mgpu-save-baselines*"])
     assert not (pytester.path / "baselines" / "structure.json").exists()  # recorded only when asked
     run(pytester, "--mgpu-save-baselines").assert_outcomes(passed=1)
     doc = golden(pytester)

@@ -123,5 +123,9 @@ class StructurePlugin:
         for v in self.verdicts:
             why = f": {v.lines[0]}" if v.status == "other torch" and v.lines else ""
             terminalreporter.write_line(f"{v.test}  {v.call}  {v.status}{why}")
+        new = sum(v.status == "new" for v in self.verdicts)
+        if new and not self.save:
+            terminalreporter.write_line(f"{new} call(s) without a golden: not judged; record them with "
+                                        f"--mgpu-save-baselines (into {self.goldens.path}; commit it)")
         for line in self.lines:
             terminalreporter.write_line(line)
