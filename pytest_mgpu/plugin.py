@@ -62,6 +62,9 @@ def pytest_configure(config):
     from .simulate.plugin import SimulatePlugin
 
     SimulatePlugin.configure(config, session)
+    from .timing.structure.plugin import StructurePlugin
+
+    StructurePlugin.configure(config, session)
 
 
 def pytest_unconfigure(config):

@@ -29,6 +29,8 @@ ENV_ISOLATE: Final = "PYTEST_MGPU_ISOLATE"
 ENV_REQUIRE_GPUS: Final = "PYTEST_MGPU_REQUIRE_GPUS"
 ENV_AGAINST: Final = "PYTEST_MGPU_AGAINST"
 ENV_EXTERNAL: Final = "PYTEST_MGPU_EXTERNAL"
+ENV_STRUCTURE: Final = "PYTEST_MGPU_STRUCTURE"
+ENV_STRUCTURE_TOLERANCE: Final = "PYTEST_MGPU_STRUCTURE_TOLERANCE"
 EXTERNAL_MODES: Final = ("auto", "on", "off")
 DEFAULT_TIMEOUT_S: Final = 300.0
 DEFAULT_TIMEOUT_SOURCE: Final = f"the default --mgpu-timeout of {DEFAULT_TIMEOUT_S:g}s"
@@ -39,6 +41,9 @@ DEFAULT_MAX_CPU_RANKS: Final = 8
 GateMode = Literal["auto", "fail", "warn"]
 GATE_MODES: Final[Tuple[GateMode, ...]] = get_args(GateMode)
 REPORT_SUFFIXES: Final = ("", ".md", ".json", ".csv")
+# Whether the structure of simulate() and dist.benchmark calls is judged against its golden.
+StructureMode = Literal["check", "off"]
+STRUCTURE_MODES: Final[Tuple[StructureMode, ...]] = get_args(StructureMode)
 
 IniType = Literal["string", "bool"]
 TRUE: Final = frozenset({"1", "true", "t", "yes", "y", "on"})  # pytest's own reading of a "bool" ini
@@ -126,6 +131,20 @@ AGAINST = Option(
     cli={"metavar": "REV"})
 TIMING_OPTIONS: Final = (BASELINES, SAVE_BASELINES, REGRESSION, GATE, REPORT, PLOT, AGAINST)
 
+STRUCTURE = Option(
+    "mgpu_structure", "--mgpu-structure",
+    "judge the structure of every simulate() and dist.benchmark call (collectives per step, bytes sent, "
+    "CUDA peak memory) against baselines/structure.json: check (default) or off "
+    f"(ini mgpu_structure, env {ENV_STRUCTURE}); record with --mgpu-save-baselines",
+    ini_help="check or off: see --mgpu-structure", env=ENV_STRUCTURE, cli={"choices": STRUCTURE_MODES})
+STRUCTURE_TOLERANCE = Option(
+    "mgpu_structure_tolerance", "--mgpu-structure-tolerance",
+    "how far bytes sent and peak memory may move from the structure golden, in percent (default 0: exact; "
+    f"collective counts are always exact; ini mgpu_structure_tolerance, env {ENV_STRUCTURE_TOLERANCE})",
+    ini_help="percent bytes and peak memory may move: see --mgpu-structure-tolerance",
+    env=ENV_STRUCTURE_TOLERANCE, cli={"metavar": "PCT"})
+STRUCTURE_OPTIONS: Final = (STRUCTURE, STRUCTURE_TOLERANCE)
+
 EXTERNAL = Option(
     "mgpu_external", "--mgpu-external",
     "join the job when pytest runs in ranks started by torchrun or srun: auto (default: when RANK, "
@@ -138,7 +157,7 @@ RANK_LOGS = Option(
     "<tmp>/pytest-mgpu-<job>/rankN.log); rank 0 reports for all",
     ini=None, cli={"metavar": "DIR"})
 EXTERNAL_OPTIONS: Final = (EXTERNAL, RANK_LOGS)
-ALL_OPTIONS: Final = CORE_OPTIONS + TIMING_OPTIONS + EXTERNAL_OPTIONS
+ALL_OPTIONS: Final = CORE_OPTIONS + TIMING_OPTIONS + STRUCTURE_OPTIONS + EXTERNAL_OPTIONS
 
 
 def add_options(parser, group, options) -> None:
@@ -354,3 +373,27 @@ def resolve_timing(option: Callable[[str], object], ini: Callable[[str], object]
         plot_dir=here / str(plots) if plots is not None else None,
         against=str(against.value).strip() if against.value is not None else None,
     )
+
+
+# -- the structure settings -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StructureSettings:
+    mode: StructureMode = "check"
+    tolerance: float = 0.0  # fraction bytes sent and peak memory may move (0: exact)
+
+
+def resolve_structure(option: Callable[[str], object], ini: Callable[[str], object],
+                      environ: Optional[Mapping[str, str]] = None) -> StructureSettings:
+    """The structure settings; command line beats environment beats ini file beats default."""
+    src = Sources(option, ini, environ)
+    given = src.pick(STRUCTURE_TOLERANCE)
+    tolerance = 0.0
+    if given.value is not None:
+        try:
+            tolerance = float(str(given.value).strip().rstrip("%")) / 100.0
+        except ValueError:
+            raise SettingsError(f"{given.where} takes a percentage such as 0 or 5%, got {given.value!r}") from None
+        if not (tolerance >= 0 and math.isfinite(tolerance)):
+            raise SettingsError(f"{given.where} must be a finite percentage of 0 or more, got {given.value!r}")
+    mode = choice(src.pick(STRUCTURE), STRUCTURE_MODES, "check")
+    return StructureSettings(mode=cast(StructureMode, mode), tolerance=tolerance)

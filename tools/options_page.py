@@ -13,7 +13,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "reference" / "options.md"
-GROUPS = (("Core", "CORE_OPTIONS"), ("Timing", "TIMING_OPTIONS"), ("torchrun and Slurm", "EXTERNAL_OPTIONS"))
+GROUPS = (("Core", "CORE_OPTIONS"), ("Timing", "TIMING_OPTIONS"), ("Structure", "STRUCTURE_OPTIONS"),
+          ("torchrun and Slurm", "EXTERNAL_OPTIONS"))
 
 
 def _settings():

@@ -32,6 +32,7 @@ from .fingerprint import Fingerprint
 
 FORMAT = "pytest-mgpu baselines 2"
 FORMAT_1 = "pytest-mgpu baselines 1"
+STRUCTURE_FILE = "structure.json"  # beside the timing files; not keyed by hardware
 HISTORY = 30  # launches kept per measurement: enough for the t interval, small enough to follow drift
 
 
@@ -221,6 +222,8 @@ class BaselineStore:
             self._all = []
             if self.dir.is_dir():
                 for p in sorted(self.dir.glob("*.json")):
+                    if p.name == STRUCTURE_FILE:
+                        continue  # the structure goldens (timing.structure.golden), not timings
                     f = self._load(p)
                     if f is not None:
                         self._all.append(f)

@@ -12,11 +12,15 @@ from __future__ import annotations
 import functools
 import math
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
 from ..launch.protocol import FnRef
 from .reference import make_reference
+from .structure.figures import StepStructure
+
+if TYPE_CHECKING:
+    from .structure.counter import StepRecorder
 
 MIN_REPEAT = 5  # fewer cannot reach p < 0.01 in the U test that compare uses between two launches (gate.min_p)
 MAX_REPEAT = 500
@@ -36,6 +40,7 @@ class RankTiming:
     peak_mem_bytes: Optional[int]
     mem_source: str
     reference_samples: List[float]  # the reference's time before each step's, same barriers
+    structure: List[StepStructure] = field(default_factory=list)  # setup, then the MEM_STEPS steps
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,8 @@ def allocation_peak(prof) -> Optional[int]:
 MEM_STEPS = 2  # profiled steps after setup: the second has the first's optimizer state and gradients
 
 
-def setup_with_peak(fn, args: tuple, kwargs: dict) -> Tuple[Callable[[], Any], Optional[int], str]:
+def setup_with_peak(fn, args: tuple, kwargs: dict,
+                    recorder: Optional["StepRecorder"] = None) -> Tuple[Callable[[], Any], Optional[int], str]:
     """Set up the step and run it MEM_STEPS times under the torch profiler's memory recording: the peak
     of tensor memory the rank allocated for the model, optimizer state, batch and steps.
 
@@ -81,12 +87,16 @@ def setup_with_peak(fn, args: tuple, kwargs: dict) -> Tuple[Callable[[], Any], O
     only. The profiler sees every allocation of torch's CPU allocator with its running total: measured
     on ResNet18 + Adam (batch 8, 32 px), 231.0 MiB in each of 3 runs. Tensors allocated before the setup (module
     globals) are not counted. Where the profiler cannot start (the user's own is on), the same steps
-    run unprofiled (ranks must run the same collectives) and memory is reported as not measured."""
+    run unprofiled (ranks must run the same collectives) and memory is reported as not measured.
+    ``recorder`` takes the structure of the setup and of each step."""
+    from .structure.counter import StepRecorder
+
+    recorder = recorder or StepRecorder()
     prof = _start_profiler()
     try:
-        step = _make_step(fn, args, kwargs)
-        for _ in range(MEM_STEPS):
-            step()
+        step = recorder.run("setup", lambda: _make_step(fn, args, kwargs))
+        for i in range(MEM_STEPS):
+            recorder.run(f"step {i}", step)
     finally:
         if prof is not None:
             prof.__exit__(None, None, None)
@@ -181,14 +191,18 @@ def rank_loop(fn_ref: FnRef, args: tuple, kwargs: dict, loop: LoopConfig) -> Ran
     import torch
 
     from .._context import rank_context
+    from .structure.counter import StepRecorder
 
     ctx = rank_context()
     fn = fn_ref.resolve()
-    if ctx.device_type == "cuda":
-        step, peak, source = _make_step(fn, args, kwargs), None, "cuda max_memory_allocated"
-    else:
-        step, peak, source = setup_with_peak(fn, args, kwargs)
     clock = Clock(ctx)
+    recorder = StepRecorder(clock.cuda)  # the call's structure: setup and MEM_STEPS steps, same on every run
+    if ctx.device_type == "cuda":
+        step, peak, source = recorder.run("setup", lambda: _make_step(fn, args, kwargs)), None, "cuda max_memory_allocated"
+        for i in range(MEM_STEPS):
+            recorder.run(f"step {i}", step)
+    else:
+        step, peak, source = setup_with_peak(fn, args, kwargs, recorder)
     warm = warm_up(clock, step, loop)
     repeat = loop.repeat
     if repeat is None and warm:
@@ -200,7 +214,7 @@ def rank_loop(fn_ref: FnRef, args: tuple, kwargs: dict, loop: LoopConfig) -> Ran
     samples, refs = _timed(clock, step, loop, repeat)
     if ctx.device_type == "cuda":
         peak = sum(torch.cuda.max_memory_allocated(i) for i in clock.cuda)
-    return RankTiming(ctx.rank, samples, warm, peak, source, refs)
+    return RankTiming(ctx.rank, samples, warm, peak, source, refs, recorder.steps)
 
 
 def _timed(clock: "Clock", step: Callable[[], Any], loop: LoopConfig,

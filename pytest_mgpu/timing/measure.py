@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 from ..launch.protocol import pack_call
 from .inrank import DEFAULT_MIN_RUN_TIME, LoopConfig, RankTiming, rank_loop
 from .reference import REFERENCE_HASH
+from .structure.figures import CallStructure, of_benchmark
 from .units import fmt_bytes, fmt_time
 
 if TYPE_CHECKING:
@@ -93,6 +94,7 @@ class Measurement:
     remeasured: int = 0  # re-measurements taken: for instability, or to confirm a flagged regression
     remeasure: Optional[Callable[[], "Measurement"]] = field(default=None, repr=False, compare=False)
     revision: Optional["RevisionResult"] = None  # --mgpu-against: the head/base pairs and their verdict
+    structure: Optional[CallStructure] = field(default=None, repr=False, compare=False)  # timing.structure
 
     @property
     def reference_median(self) -> Optional[float]:
@@ -338,6 +340,7 @@ def _assemble(task: TaskSpec, timings: Sequence[RankTiming], remeasured: int = 0
         reference_samples=[max(col) for col in zip(*(t.reference_samples for t in timings))],
         reference_hash=REFERENCE_HASH if timings[0].reference_samples else "",
         remeasured=remeasured,
+        structure=of_benchmark(task.name, task.world_size, {t.rank: list(t.structure) for t in timings}),
     )
     m.unstable = instability(m.samples)
     return m

@@ -16,7 +16,7 @@ from typing import List, Optional
 import pytest
 
 from .. import __version__
-from ..settings import TIMING_OPTIONS, SettingsError, add_options, resolve_timing
+from ..settings import STRUCTURE_OPTIONS, TIMING_OPTIONS, SettingsError, add_options, resolve_timing
 from .baselines import check_writable
 from ..workers import under_xdist
 from .messages import TimingRegressionWarning, noisy_lines, regression_headline
@@ -28,7 +28,7 @@ class TimingNoiseWarning(UserWarning):
 
 
 def addoption(parser) -> None:
-    add_options(parser, parser.getgroup("mgpu"), TIMING_OPTIONS)
+    add_options(parser, parser.getgroup("mgpu"), TIMING_OPTIONS + STRUCTURE_OPTIONS)
 
 
 def git_commit(where: Path) -> Optional[str]:
@@ -69,6 +69,7 @@ class TimingPlugin:
         self.rows: list = []
         self.notes: List[str] = []
         self.lines: List[str] = []
+        self.structure: List[dict] = []  # the structure verdicts (timing.structure), for the reports
 
     @classmethod
     def configure(cls, config, session) -> "TimingPlugin":
@@ -140,9 +141,16 @@ class TimingPlugin:
             self.state.collect(report.nodeid, report.outcome, report.user_properties)
 
     def pytest_sessionfinish(self, session):
-        if hasattr(self.config, "workerinput") or not self.state.records or not self.session.is_primary:
+        if hasattr(self.config, "workerinput") or not self.session.is_primary:
             return
         from . import report
+
+        structure = self.config.pluginmanager.get_plugin("mgpu-structure")
+        self.structure = structure.report_rows() if structure is not None else []
+        if not self.state.records:
+            if self.structure:  # structure verdicts without timings: the reports carry those alone
+                self._write_reports(report, [], git_commit(self.config.rootpath))
+            return
 
         found = [(rec.nodeid, rec.outcome, d) for rec, d in self.state.measurements()]
         self.rows = report.build_rows(found)
@@ -170,7 +178,7 @@ class TimingPlugin:
                 "fingerprint": next((d["fingerprint"] for _, _, d in found), None)}
         for path in self.state.options.report_paths:
             try:
-                report.write(path, self.rows, found, self.notes, meta)
+                report.write(path, self.rows, found, self.notes, meta, self.structure)
                 self.lines.append(f"report written to {path}")
             except OSError as exc:
                 self.lines.append(f"report NOT written to {path}: {exc}")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Literal, Optional, Sequence, Tuple
 
 from . import messages
+from .structure.report import markdown as structure_markdown
 from .units import fmt_bytes, fmt_time
 from .rule import Status
 
@@ -231,8 +232,11 @@ def lane_details(rows: Sequence[Row]) -> List[str]:
     return out
 
 
-def markdown(rows: Sequence[Row], notes: Sequence[str] = ()) -> str:
-    """A Markdown document that fits a CI job summary ($GITHUB_STEP_SUMMARY)."""
+def markdown(rows: Sequence[Row], notes: Sequence[str] = (), structure: Sequence[dict] = ()) -> str:
+    """A Markdown document that fits a CI job summary ($GITHUB_STEP_SUMMARY): the timings, then the
+    structure verdicts (``structure``: ``Verdict.to_dict()`` of each judged call)."""
+    if not rows and structure:  # a session with structure verdicts and no timings
+        return structure_markdown(structure)
     out = ["## pytest-mgpu timing", ""]
     out += [f"- {n.strip()}" for n in notes]
     out += ["", table(rows, "github"), ""]
@@ -248,7 +252,7 @@ def markdown(rows: Sequence[Row], notes: Sequence[str] = ()) -> str:
         for r in judged:
             text = messages.revision_line(r.revision) if r.revision else messages.describe(r.measurement)
             out.append(f"- `{r.key}` {text}")
-    return "\n".join(out) + "\n"
+    return "\n".join(out) + "\n" + ("\n" + structure_markdown(structure) if structure else "")
 
 
 CSV_FIELDS = ["key", "test", "name", "group", "strategy", "params", "world_size", "device_type", "emulated",
@@ -275,7 +279,7 @@ def to_csv(rows: Sequence[Row]) -> str:
 
 
 def to_json(rows: Sequence[Row], measurements: Sequence[Tuple[str, str, dict]], notes: Sequence[str],
-            meta: Optional[Dict[str, object]] = None) -> str:
+            meta: Optional[Dict[str, object]] = None, structure: Sequence[dict] = ()) -> str:
     """Rows plus every measurement's raw samples, fingerprint and verdict; ``meta``: plugin version,
     commit, fingerprints (``compare`` reads these files back)."""
     doc = {
@@ -285,12 +289,13 @@ def to_json(rows: Sequence[Row], measurements: Sequence[Tuple[str, str, dict]], 
         "rows": [{k: v for k, v in dict(asdict(r), label=r.label, change=change_cell(r), verdict_text=verdict_cell(r)).items()
                   if k != "measurement"} for r in rows],
         "measurements": [dict(d, test=test, outcome=outcome) for test, outcome, d in measurements],
+        "structure": list(structure),
     }
     return json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n"
 
 
 def write(path: Path, rows: Sequence[Row], measurements: Sequence[Tuple[str, str, dict]],
-          notes: Sequence[str] = (), meta: Optional[Dict[str, object]] = None) -> Path:
+          notes: Sequence[str] = (), meta: Optional[Dict[str, object]] = None, structure: Sequence[dict] = ()) -> Path:
     """Write the report as Markdown, JSON or CSV, by the file's extension. Without an extension it
     is Markdown APPENDED to the file, so that ``--mgpu-report=$GITHUB_STEP_SUMMARY`` adds to a CI
     job's summary instead of replacing what earlier steps wrote."""
@@ -298,12 +303,12 @@ def write(path: Path, rows: Sequence[Row], measurements: Sequence[Tuple[str, str
     if suffix == "":
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a", encoding="utf-8") as f:
-            f.write(markdown(rows, notes))
+            f.write(markdown(rows, notes, structure))
         return path
     if suffix == ".md":
-        text = markdown(rows, notes)
+        text = markdown(rows, notes, structure)
     elif suffix == ".json":
-        text = to_json(rows, measurements, notes, meta)
+        text = to_json(rows, measurements, notes, meta, structure)
     elif suffix == ".csv":
         text = to_csv(rows)
     else:

@@ -1,0 +1,73 @@
+"""Inside a real rank: count the collectives a piece of work issues, and the bytes this rank sends.
+
+A pass-through ``TorchDispatchMode`` sees every c10d op, whichever layer issued it: DDP's reducer
+(``c10d.allreduce_`` from C++, in backward), FSDP2 (``c10d._allgather_base_``,
+``c10d._reduce_scatter_base_``), DTensor's functional collectives and pipeline send/recv; the names
+and bytes are the simulated tier's (``simulate.wire``), so both tiers read the same. It is on only
+for the setup and the first steps of ``dist.benchmark`` (``StepRecorder``), never while timing.
+
+Peak memory is taken only where it is exact: CUDA's caching allocator (``max_memory_allocated`` after
+a reset, on every GPU the rank holds). Real CPU ranks leave it out.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Callable, List, Sequence
+
+from .figures import StepStructure
+
+
+def _dispatch_mode():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    return TorchDispatchMode
+
+
+class CollectiveCounter(_dispatch_mode()):  # type: ignore[misc]
+    """``with CollectiveCounter() as c: work()``; then ``c.counts`` and ``c.sent`` by op name."""
+
+    def __init__(self):
+        super().__init__()
+        from torch.distributed.tensor import DTensor
+
+        from ...simulate.wire import collective_ops, sent_bytes
+
+        self._dtensor, self._sent_bytes = DTensor, sent_bytes
+        self._ops = collective_ops()
+        self.counts: Counter = Counter()
+        self.sent: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self._dtensor in types:
+            return NotImplemented  # DTensor turns into local ops (and collectives) first
+        out = func(*args, **(kwargs or {}))
+        wire = self._ops.get(getattr(func, "_overloadpacket", None))
+        if wire is not None:
+            self.counts[wire.name] += 1
+            self.sent[wire.name] += self._sent_bytes(wire, args)
+        return out
+
+
+class StepRecorder:
+    """Runs named pieces of work (the setup, then steps) under a ``CollectiveCounter`` each, and keeps
+    one ``StepStructure`` per piece; ``cuda``: the GPU indices whose peak memory is taken."""
+
+    def __init__(self, cuda: Sequence[int] = ()):
+        self.cuda = list(cuda)
+        self.steps: List[StepStructure] = []
+
+    def run(self, name: str, work: Callable[[], Any]) -> Any:
+        import torch
+
+        for i in self.cuda:
+            torch.cuda.synchronize(i)
+            torch.cuda.reset_peak_memory_stats(i)
+        with CollectiveCounter() as counter:
+            out = work()
+        peak = None
+        if self.cuda:
+            for i in self.cuda:
+                torch.cuda.synchronize(i)
+            peak = sum(int(torch.cuda.max_memory_allocated(i)) for i in self.cuda)
+        self.steps.append(StepStructure(name, dict(counter.counts), dict(counter.sent), peak))
+        return out

@@ -1,0 +1,87 @@
+"""``baselines/structure.json``: the project's one file of structure goldens, not keyed by hardware
+(counts and bytes depend on the code, the plan and torch, never on the CPU or the load)::
+
+    {"format": "pytest-mgpu structure 1",
+     "torch": {"2.14.1": {"<test node id>": {"<call>": {"kind", "world_size", "ranks": {...}}}}}}
+
+Sections per torch version (without a local build tag such as ``+cpu``): a golden recorded under
+another version is not judged. Saving replaces, in this torch's section, the calls of each test that
+ran and passed, and keeps everything else; the file is written whole and renamed into place.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+from ..baselines import STRUCTURE_FILE
+from .figures import CallStructure
+
+FORMAT = "pytest-mgpu structure 1"
+FILE_NAME = STRUCTURE_FILE
+
+
+class GoldenError(ValueError):
+    """The file cannot be used; the message names it and says what to do."""
+
+
+def torch_version() -> str:
+    import torch
+
+    return str(torch.__version__).split("+", 1)[0]
+
+
+def read(path: Path) -> dict:
+    """The file's sections (``{}`` when it does not exist yet)."""
+    if not path.is_file():
+        return {}
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise GoldenError(f"{path}: cannot be read as JSON ({exc}); restore it from git, or delete it and "
+                          "record again with --mgpu-save-baselines") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("torch"), dict):
+        raise GoldenError(f"{path}: not a pytest-mgpu structure file (format {FORMAT!r}); restore it from git, "
+                          "or delete it and record again with --mgpu-save-baselines")
+    return doc["torch"]
+
+
+class Goldens:
+    """The goldens of one file, looked up for this torch version."""
+
+    def __init__(self, path: Path, torch: str, sections: dict):
+        self.path, self.torch, self.sections = path, torch, sections
+
+    def find(self, test: str, call: str) -> Tuple[Optional[CallStructure], Optional[str]]:
+        """This torch's golden of ``call``, else the newest other torch version that has one."""
+        own = self.sections.get(self.torch, {}).get(test, {}).get(call)
+        if own is not None:
+            return CallStructure.from_dict(call, own), None
+        others = sorted((v for v, tests in self.sections.items() if call in tests.get(test, {})), reverse=True)
+        return None, (others[0] if others else None)
+
+
+def save(path: Path, torch: str, recorded: Dict[str, Dict[str, CallStructure]]) -> int:
+    """Write ``recorded`` (test -> call -> structure) into ``torch``'s section; the calls written."""
+    sections = read(path)
+    section = sections.setdefault(torch, {})
+    for test, calls in recorded.items():
+        section[test] = {name: s.to_dict() for name, s in sorted(calls.items())}
+    doc = {"format": FORMAT, "torch": {v: dict(sorted(t.items())) for v, t in sorted(sections.items())}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".structure-", suffix=".tmp", dir=str(path.parent))
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(_one_line_steps(json.dumps(doc, indent=1)) + "\n")
+    os.replace(tmp, path)
+    return sum(len(c) for c in recorded.values())
+
+
+_STEP = re.compile(r'\{\s*"step"(?:[^{}]|\{[^{}]*\})*\}')
+
+
+def _one_line_steps(text: str) -> str:
+    """Each step on one line: a change reads as one changed line in a diff."""
+    return _STEP.sub(lambda m: json.dumps(json.loads(m.group(0))), text)

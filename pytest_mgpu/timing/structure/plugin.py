@@ -1,0 +1,131 @@
+"""The structure side of the pytest plugin, as its own plugin object.
+
+``pytest_mgpu.plugin`` calls ``StructurePlugin.configure`` from ``pytest_configure``. After a test's
+call, where it ran (an xdist worker, or the only process), every ``simulate()`` call of the test (in
+order: ``simulate#0 <fn>``, ``simulate#1 <fn>``...) and every ``dist.benchmark`` (``benchmark <name>``)
+is judged against its golden (``judge``); a change fails the test. Verdicts, and under
+``--mgpu-save-baselines`` the structures, travel to the controller in ``report.user_properties``
+(JSON text), which saves them (tests that passed only) and reports. Public pytest API only.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+from ...settings import SettingsError, StructureSettings, resolve_structure, resolve_timing
+from ...simulate import context
+from . import golden
+from .figures import CallStructure, of_simulation
+from .judge import Verdict, compare
+
+PROPERTY = "mgpu_structure"
+
+
+def calls_of(item) -> List[CallStructure]:
+    """The structures of the test's calls, in the order they ran: simulations, then benchmarks."""
+    found = [of_simulation(sim, i) for i, sim in enumerate(context.current().done)]
+    handle = getattr(item, "funcargs", {}).get("dist")
+    for m in getattr(handle, "measurements", None) or []:
+        if getattr(m, "structure", None) is not None:
+            found.append(m.structure)
+    return found
+
+
+class StructurePlugin:
+    """Per-session structure hooks: judge after each test's call, save and report at the end."""
+
+    def __init__(self, config, settings: StructureSettings, goldens: golden.Goldens, save: bool, session):
+        self.config, self.settings, self.goldens, self.save = config, settings, goldens, save
+        self.session = session  # the core's MgpuSession: whether this process reports
+        self.verdicts: List[Verdict] = []
+        self.recorded: Dict[str, Dict[str, CallStructure]] = {}
+        self.lines: List[str] = []
+
+    @classmethod
+    def configure(cls, config, session) -> "StructurePlugin":
+        try:
+            settings = resolve_structure(config.getoption, config.getini)
+            timing = resolve_timing(config.getoption, config.getini, config.rootpath, config.invocation_params.dir)
+        except SettingsError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        path = Path(timing.baselines_dir) / golden.FILE_NAME
+        try:
+            sections = golden.read(path) if settings.mode == "check" else {}
+        except golden.GoldenError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        plugin = cls(config, settings, golden.Goldens(path, golden.torch_version(), sections), timing.save, session)
+        config.pluginmanager.register(plugin, "mgpu-structure")
+        return plugin
+
+    def judge(self, test: str, now: CallStructure) -> Verdict:
+        """This call against its golden; under --mgpu-save-baselines it is recorded instead."""
+        if self.save:
+            return Verdict(test, now.call, "recorded")
+        old, other = self.goldens.find(test, now.call)
+        if old is not None:
+            return compare(test, old, now, self.settings.tolerance)
+        if other is not None:
+            return Verdict(test, now.call, "other torch", [
+                f"recorded under torch {other}, this is {self.goldens.torch}: not judged; record again"])
+        return Verdict(test, now.call, "new", ["no golden yet: record it with --mgpu-save-baselines"])
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item):
+        result = yield  # a test that failed is neither judged nor recorded
+        if self.settings.mode == "off":
+            return result
+        calls = calls_of(item)
+        if not calls:
+            return result
+        verdicts = [self.judge(item.nodeid, c) for c in calls]
+        record = {c.call: c.to_dict() for c in calls} if self.save else None
+        item.user_properties.append((PROPERTY, json.dumps({"verdicts": [v.to_dict() for v in verdicts],
+                                                           "record": record})))
+        changed = [v for v in verdicts if v.fails]
+        if changed:
+            pytest.fail("\n".join(v.message() for v in changed), pytrace=False)
+        return result
+
+    def pytest_runtest_logreport(self, report):
+        if report.when != "call":
+            return
+        for name, value in report.user_properties:
+            if name != PROPERTY:
+                continue
+            data = json.loads(value)
+            self.verdicts += [Verdict.from_dict(d) for d in data["verdicts"]]
+            if data.get("record") is not None and report.outcome == "passed":
+                self.recorded[report.nodeid] = {c: CallStructure.from_dict(c, d) for c, d in data["record"].items()}
+
+    def report_rows(self) -> List[dict]:
+        """The verdicts as plain data, for the Markdown and JSON reports (``timing.report``)."""
+        return [v.to_dict() for v in self.verdicts]
+
+    @pytest.hookimpl(tryfirst=True)  # before the timing plugin writes the reports that carry the verdicts
+    def pytest_sessionfinish(self, session):
+        if hasattr(self.config, "workerinput") or not self.session.is_primary or not self.recorded:
+            return
+        try:
+            n = golden.save(self.goldens.path, self.goldens.torch, self.recorded)
+            self.lines.append(f"structure of {n} call(s) recorded in {self.goldens.path} (torch {self.goldens.torch})")
+        except (OSError, golden.GoldenError) as exc:
+            self.lines.append(f"structure NOT recorded: {exc}")
+            if session.exitstatus == 0:
+                session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if not (self.verdicts or self.lines) or not self.session.is_primary:
+            return
+        terminalreporter.section("pytest-mgpu structure")
+        for v in self.verdicts:
+            why = f": {v.lines[0]}" if v.status == "other torch" and v.lines else ""
+            terminalreporter.write_line(f"{v.test}  {v.call}  {v.status}{why}")
+        new = sum(v.status == "new" for v in self.verdicts)
+        if new and not self.save:
+            terminalreporter.write_line(f"{new} call(s) without a golden: not judged; record them with "
+                                        f"--mgpu-save-baselines (into {self.goldens.path}; commit it)")
+        for line in self.lines:
+            terminalreporter.write_line(line)

@@ -1,0 +1,229 @@
+"""The structure of a call, judged against baselines/structure.json, in real pytest sessions: recorded
+then checked, real regressions (DDP buckets, FSDP2 resharding, a block left unwrapped) on real gloo
+ranks at 2 and 4 and on the simulated tier, another torch's golden, the off switch, the tolerance,
+a missing golden."""
+import json
+import re
+
+import pytest
+
+from pytest_mgpu.timing.structure.golden import FORMAT
+
+pytestmark = pytest.mark.simulate
+
+MODULE = """
+import pytest, torch
+from pytest_mgpu import simulate, world_sizes
+from pytest_mgpu.simulate import step
+
+CAP, RESHARD, WRAP_ALL, WIDTH = {cap}, {reshard}, {wrap_all}, {width}
+
+def ddp_step():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(4)])
+    ddp = torch.nn.parallel.DistributedDataParallel(m, bucket_cap_mb=CAP)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    x = torch.randn(8, 32)
+    def one():
+        opt.zero_grad(); ddp(x).sum().backward(); opt.step()
+    return one
+
+def fsdp_step():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(4)])
+    for i, block in enumerate(m):
+        if WRAP_ALL or i != 1:
+            fully_shard(block, mesh=mesh, reshard_after_forward=RESHARD)
+    fully_shard(m, mesh=mesh, reshard_after_forward=False)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    x = torch.randn(4, WIDTH)
+    def one():
+        opt.zero_grad(); m(x).sum().backward(); opt.step()
+    return one
+
+def fsdp_sim():
+    one = fsdp_step()
+    with step("train"):
+        one()
+"""
+BASE = dict(cap=25, reshard=True, wrap_all=True, width=64)
+
+
+def write(pytester, tests: str, **knobs):
+    pytester.makepyfile(test_it=MODULE.format(**dict(BASE, **knobs)) + tests)
+
+
+def run(pytester, *args):
+    return pytester.runpytest("--mgpu-fallback=cpu", "-p", "no:cacheprovider", *args)
+
+
+def golden(pytester) -> dict:
+    return json.loads((pytester.path / "baselines" / "structure.json").read_text())
+
+
+SIM = """
+def test_sim():
+    simulate(fsdp_sim, world_size=16, rank=3)
+"""
+DDP = """
+@world_sizes(2, 4)
+def test_ddp(dist):
+    dist.benchmark(ddp_step, warmup=0, repeat=1, name="ddp")
+"""
+FSDP = """
+@world_sizes(2, 4)
+def test_fsdp(dist):
+    dist.benchmark(fsdp_step, warmup=0, repeat=1, name="fsdp")
+"""
+
+
+def count_change(text: str, where: str, op: str, ranks: str):
+    """(before, after) of ``op`` in the failure line of step ``where`` for ``ranks``; the line's shape
+    is the interface: "structure changed in <where>: <op> A -> B (+N); bytes sent X -> Y (P%) [<call>, <ranks>]"."""
+    pattern = (rf"^structure changed in {re.escape(where)}: (?:.*; )?{op} (\d+) -> (\d+) \(([+-]\d+)\); "
+               rf"bytes sent [\d.]+ [KMG]?i?B -> [\d.]+ [KMG]?i?B \([^)]*\).* \[{re.escape(ranks)}\]$")
+    found = re.search(pattern, text, re.M)
+    assert found, f"no line for {where}, {op}, {ranks} in:\n{text}"
+    before, after, delta = map(int, found.groups())
+    assert after - before == delta
+    return before, after
+
+
+def failure_text(result) -> str:
+    """The failure messages as the FAILURES section prints them."""
+    return "\n".join(line for line in result.outlines
+                     if line.startswith(("structure changed", "If this change is intended")))
+
+
+def test_simulated_recorded_then_checked_then_a_block_left_unwrapped_fails(pytester):
+    write(pytester, SIM)
+    new = run(pytester)
+    new.assert_outcomes(passed=1)
+    new.stdout.fnmatch_lines(["*pytest-mgpu structure*", "test_it.py::test_sim  simulate#0 fsdp_sim  new",
+                              "1 call(s) without a golden: not judged; record them with --mgpu-save-baselines*"])
+    assert not (pytester.path / "baselines" / "structure.json").exists()  # recorded only when asked
+    run(pytester, "--mgpu-save-baselines").assert_outcomes(passed=1)
+    doc = golden(pytester)
+    assert doc["format"] == FORMAT
+    [(torch_version, section)] = doc["torch"].items()
+    steps = section["test_it.py::test_sim"]["simulate#0 fsdp_sim"]["ranks"]["3"]
+    assert [s["step"] for s in steps] == ["train"] and steps[0]["counts"]["all_gather_into_tensor"] > 0
+    same = run(pytester, "--mgpu-report=r.json", "--mgpu-report=r.md")
+    same.assert_outcomes(passed=1)
+    same.stdout.fnmatch_lines(["test_it.py::test_sim  simulate#0 fsdp_sim  same"])
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert [(v["test"], v["call"], v["status"]) for v in report["structure"]] == [
+        ("test_it.py::test_sim", "simulate#0 fsdp_sim", "same")]
+    markdown = (pytester.path / "r.md").read_text()
+    assert "## pytest-mgpu structure" in markdown and "| `test_it.py::test_sim` | simulate#0 fsdp_sim | same |" in markdown
+    write(pytester, SIM, wrap_all=False)
+    changed = run(pytester)
+    changed.assert_outcomes(failed=1)
+    text = failure_text(changed)
+    print(text)
+    before, after = count_change(text, "step 0 (train)", "all_gather_into_tensor", "simulate#0 fsdp_sim, rank 3 of 16")
+    assert after == before - 1  # the unwrapped block's parameters join the root's all-gather
+    assert re.search(r"; peak [\d.]+ KiB -> [\d.]+ KiB \(\+\d+%\)", text), text  # the root holds them unsharded
+    assert text.endswith("If this change is intended, record it: --mgpu-save-baselines")
+
+
+def test_ddp_bucket_cap_on_real_ranks_at_2_and_4(pytester):
+    write(pytester, DDP)
+    run(pytester, "--mgpu-save-baselines").assert_outcomes(passed=2)
+    section = next(iter(golden(pytester)["torch"].values()))
+    for w in (2, 4):
+        ranks = section[f"test_it.py::test_ddp[gpu{w}]"]["benchmark ddp"]["ranks"]
+        assert sorted(ranks) == [str(r) for r in range(w)]
+        assert [s["step"] for s in ranks["0"]] == ["setup", "step 0", "step 1"]
+    run(pytester).assert_outcomes(passed=2)
+    write(pytester, DDP, cap=0.001)  # one bucket per parameter instead of one for the model
+    changed = run(pytester)
+    changed.assert_outcomes(failed=2)
+    text = failure_text(changed)
+    print(text)
+    for w in (2, 4):  # the steady step (step 1: DDP rebuilds its buckets after step 0) all-reduces more
+        before, after = count_change(text, "step 1", "all_reduce", f"benchmark ddp, ranks 0-{w - 1} of {w}")
+        assert after > before
+    assert text.endswith("If this change is intended, record it: --mgpu-save-baselines")
+
+
+def test_fsdp2_reshard_flip_on_real_ranks_at_2_and_4(pytester):
+    write(pytester, FSDP, reshard=False)
+    run(pytester, "--mgpu-save-baselines").assert_outcomes(passed=2)
+    run(pytester).assert_outcomes(passed=2)
+    write(pytester, FSDP, reshard=True)  # blocks re-gathered in backward
+    changed = run(pytester)
+    changed.assert_outcomes(failed=2)
+    text = failure_text(changed)
+    print(text)
+    for w in (2, 4):  # each block re-gathered in backward: one more all-gather per block and step
+        for where in ("step 0", "step 1"):
+            before, after = count_change(text, where, "all_gather_into_tensor", f"benchmark fsdp, ranks 0-{w - 1} of {w}")
+            assert after == before + 4
+
+
+def test_fsdp2_block_left_unwrapped_on_real_ranks(pytester):
+    write(pytester, FSDP)
+    run(pytester, "--mgpu-save-baselines").assert_outcomes(passed=2)
+    write(pytester, FSDP, wrap_all=False)
+    changed = run(pytester)
+    changed.assert_outcomes(failed=2)
+    text = failure_text(changed)
+    print(text)
+    for w in (2, 4):  # the unwrapped block's parameters join the root's all-gather: one fewer
+        before, after = count_change(text, "step 0", "all_gather_into_tensor",
+                                     f"benchmark fsdp, ranks 0-{w - 1} of {w}")
+        assert after == before - 1
+
+
+def test_another_torch_off_and_tolerance(pytester):
+    write(pytester, SIM)
+    run(pytester, "--mgpu-save-baselines").assert_outcomes(passed=1)
+    write(pytester, SIM, width=66)  # the same collectives; shards padded to 5 rows of 66 instead of 4 of 64
+    changed = run(pytester)
+    changed.assert_outcomes(failed=1)
+    line = failure_text(changed).splitlines()[0]
+    assert line.startswith("structure changed in step 0 (train): collectives the same; bytes sent"), line
+    moved = max(int(p) for p in re.findall(r"\(\+(\d+)%\)", line))  # the larger of bytes' and peak's change
+    run(pytester, f"--mgpu-structure-tolerance={moved - 1}").assert_outcomes(failed=1)
+    run(pytester, f"--mgpu-structure-tolerance={moved + 1}%").assert_outcomes(passed=1)
+    off = run(pytester, "--mgpu-structure=off")
+    off.assert_outcomes(passed=1)
+    assert "pytest-mgpu structure" not in off.stdout.str()
+    path = pytester.path / "baselines" / "structure.json"
+    doc = golden(pytester)
+    [(version, section)] = doc["torch"].items()
+    doc["torch"] = {"0.0.1": section}
+    path.write_text(json.dumps(doc))
+    other = run(pytester)
+    other.assert_outcomes(passed=1)
+    other.stdout.fnmatch_lines([f"test_it.py::test_sim  simulate#0 fsdp_sim  other torch: recorded under torch 0.0.1, "
+                                f"this is {version}: not judged; record again"])
+
+
+def test_a_damaged_golden_file_stops_the_run_saying_what_to_do(pytester):
+    write(pytester, SIM)
+    (pytester.path / "baselines").mkdir()
+    (pytester.path / "baselines" / "structure.json").write_text("{not json")
+    result = run(pytester)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*structure.json: cannot be read as JSON*record again with --mgpu-save-baselines*"])
+
+
+def test_under_xdist_workers_judge_and_the_controller_reports(subpytest):
+    pytester = subpytest.pytester
+    write(pytester, SIM + DDP)
+    run(pytester, "--mgpu-save-baselines").assert_outcomes(passed=3)
+    write(pytester, SIM + DDP, cap=0.001)
+    rc, out = subpytest.run("-n", "2", "--mgpu-fallback=cpu", "-q", timeout=300)
+    assert rc == pytest.ExitCode.TESTS_FAILED, out
+    assert "2 failed, 1 passed" in out, out
+    section = out.split("pytest-mgpu structure", 1)[1]  # the controller's, from the workers' verdicts
+    for line in ("test_it.py::test_sim  simulate#0 fsdp_sim  same", "test_it.py::test_ddp[gpu2]  benchmark ddp  changed",
+                 "test_it.py::test_ddp[gpu4]  benchmark ddp  changed"):
+        assert line in section, out
+    assert out.count("If this change is intended, record it: --mgpu-save-baselines") >= 2
+    assert subpytest.leftovers() == []

@@ -1,0 +1,81 @@
+"""The structure verdict and its message, without ranks: what a person reads when a step changed,
+the tolerance, ranks that changed alike, steps added, the golden file's round trip."""
+import json
+
+import pytest
+
+from pytest_mgpu.settings import SettingsError, resolve_structure
+from pytest_mgpu.timing.structure import golden
+from pytest_mgpu.timing.structure.figures import CallStructure, StepStructure
+from pytest_mgpu.timing.structure.judge import RECORD, compare, fmt_size
+
+MIB = 2**20
+
+
+def call(ag: int, sent: int, peak, ranks=(0,), name="train", world=8) -> CallStructure:
+    step = StepStructure(name, {"all_gather_into_tensor": ag, "reduce_scatter_tensor": 4},
+                         {"all_gather_into_tensor": sent, "reduce_scatter_tensor": 0}, peak)
+    return CallStructure("simulate#0 fsdp_step", "simulate", world, {r: [step] for r in ranks})
+
+
+def test_a_changed_step_reads_at_a_glance():
+    peak = int(7.52 * MIB)
+    v = compare("t.py::test_a", call(5, int(14.5 * MIB), peak), call(10, 29 * MIB, peak), 0.0)
+    assert v.status == "changed" and v.fails
+    assert v.message() == (
+        "structure changed in step 0 (train): all_gather_into_tensor 5 -> 10 (+5); bytes sent 14.5 MiB -> "
+        "29.0 MiB (+100%); peak 7.52 MiB -> 7.52 MiB (same) [simulate#0 fsdp_step, rank 0 of 8]\n" + RECORD)
+    assert RECORD == "If this change is intended, record it: --mgpu-save-baselines"
+
+
+def test_equal_is_same_and_bytes_move_within_the_tolerance_only():
+    assert compare("t", call(5, 1000, 100), call(5, 1000, 100), 0.0).status == "same"
+    moved = call(5, 1049, 100)
+    assert compare("t", call(5, 1000, 100), moved, 0.0).status == "changed"
+    assert compare("t", call(5, 1000, 100), moved, 0.05).status == "same"
+    assert compare("t", call(5, 1000, 100), call(6, 1000, 100), 0.5).status == "changed"  # counts: always exact
+
+
+def test_peak_is_judged_only_where_both_sides_measured_it():
+    cuda_golden, cpu_run = call(5, 1000, 4 * MIB), call(5, 1000, None)
+    assert compare("t", cuda_golden, cpu_run, 0.0).status == "same"
+    assert compare("t", call(5, 1000, MIB), call(5, 1000, 2 * MIB), 0.0).lines[0].count("peak 1.00 MiB -> 2.00 MiB (+100%)")
+
+
+def test_ranks_that_changed_alike_share_a_line_and_a_new_step_is_named():
+    old, new = call(4, 100, None, ranks=(0, 1, 2, 3), world=4), call(8, 200, None, ranks=(0, 1, 2, 3), world=4)
+    [line] = compare("t", old, new, 0.0).lines
+    assert line.endswith("[simulate#0 fsdp_step, ranks 0-3 of 4]")
+    longer = call(4, 100, None)
+    longer.ranks[0].append(StepStructure("step 1", {"all_reduce": 1}, {"all_reduce": 8}))
+    lines = compare("t", call(4, 100, None), longer, 0.0).lines
+    assert lines == ["structure changed: 1 steps -> 2 steps (train, step 1) [simulate#0 fsdp_step, rank 0 of 8]"]
+
+
+def test_sizes_keep_three_digits():
+    assert [fmt_size(n) for n in (512, 1536, 29 * MIB, int(7.52 * MIB), 100 * MIB)] == [
+        "512 B", "1.50 KiB", "29.0 MiB", "7.52 MiB", "100 MiB"]
+
+
+def test_the_file_round_trips_with_sections_per_torch(tmp_path):
+    path = tmp_path / "structure.json"
+    golden.save(path, "2.14.1", {"t.py::a": {"simulate#0 f": call(5, 10, 3)}})
+    golden.save(path, "2.15.0", {"t.py::a": {"simulate#0 f": call(6, 10, 3)}})
+    sections = golden.read(path)
+    assert sorted(sections) == ["2.14.1", "2.15.0"]
+    found, other = golden.Goldens(path, "2.14.1", sections).find("t.py::a", "simulate#0 f")
+    assert other is None and found is not None and found.ranks[0][0].counts["all_gather_into_tensor"] == 5
+    assert golden.Goldens(path, "2.16.0", sections).find("t.py::a", "simulate#0 f") == (None, "2.15.0")
+    assert json.loads(path.read_text())["format"] == golden.FORMAT
+
+
+def test_options_resolve_and_refuse_with_their_source():
+    s = resolve_structure(lambda name: None, lambda name: None, {})
+    assert (s.mode, s.tolerance) == ("check", 0.0)
+    env = {"PYTEST_MGPU_STRUCTURE": "off", "PYTEST_MGPU_STRUCTURE_TOLERANCE": "5%"}
+    s = resolve_structure(lambda name: None, lambda name: None, env)
+    assert (s.mode, s.tolerance) == ("off", 0.05)
+    with pytest.raises(SettingsError, match="ini mgpu_structure_tolerance takes a percentage"):
+        resolve_structure(lambda name: None, lambda name: "lots" if name == "mgpu_structure_tolerance" else None, {})
+    with pytest.raises(SettingsError, match="--mgpu-structure must be one of check, off"):
+        resolve_structure(lambda name: "maybe" if name == "mgpu_structure" else None, lambda name: None, {})
