@@ -112,18 +112,15 @@ def run_side(job: LoopJob, fn, rank: int, tag: str = "", mode=None,
     return out.value, out.notes
 
 
-def add_companions(result: SideResult, job: LoopJob, fn, seed: int, rank: int = 0,
-                   where: Callable[[str], Any] = lambda run: contextlib.nullcontext()) -> None:
+def add_companions(result: SideResult, job: LoopJob, fn, seed: int) -> None:
     """The float64 shadow where it can run; the same-precision twin where it cannot, and beside it
     where the reference computes in a low precision (autocast, bfloat16 parameters or loss): the
     float64 run measures the reference's distance from exact arithmetic, the twin the distance
     between two runs in that precision, and the line takes the larger. Measured on the minGPT-like
     trainer in bf16 autocast, W=4, 100 AdamW steps: with the float64 run alone a correct run came
     to 0.37 of the line (Adam's first step flips the sign of near-zero bias gradients, which bf16
-    rounding moves and float64 does not); with the twin, 0.06. ``rank`` and ``where(run)`` (a
-    context each companion runs in) serve the companions of a loop run in the ranks."""
-    with where("shadow"):
-        shadow, why = run_shadow(job, fn, seed, rank)
+    rounding moves and float64 does not); with the twin, 0.06."""
+    shadow, why = run_shadow(job, fn, seed)
     if shadow is not None:
         why = same_start(result.side, shadow)
     if shadow is not None and not why:
@@ -138,8 +135,7 @@ def add_companions(result: SideResult, job: LoopJob, fn, seed: int, rank: int = 
 
     seed_everything(seed)
     try:
-        with where("twin"):
-            twin, _ = run_side(job, fn, rank, "twin/", split_sums())
+        twin, _ = run_side(job, fn, 0, "twin/", split_sums())
     except Exception as exc:  # noqa: BLE001 - no twin, say why
         result.floor_notes.append(f"no same-precision twin either ({type(exc).__name__}: {exc})")
         return

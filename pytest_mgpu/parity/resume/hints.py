@@ -22,6 +22,7 @@ class Finding:
     cause: str
     fix: str
     evidence: str
+    fails: bool = False  # a failure by itself, even where every compared step is within the line
 
     def line(self) -> str:
         return f"{self.cause}. Fix: {self.fix}"
@@ -39,7 +40,6 @@ class Resume:
     resumed: List[SideLog]
     start: int
     matched: bool  # the resumed run's first state is that state (within SAME)
-    stop_after: int
     steps: int
 
     def rows(self, sides: Sequence[SideLog], i: int) -> FrozenSet[float]:
@@ -87,7 +87,7 @@ def _data(run: Resume) -> Optional[Finding]:
                 f"at {where} the resumed run trained on rows the uninterrupted run used at no step of 1-{run.steps}")
         if other < t:
             return Finding(
-                f"data repeated after the resume: the data position was not restored",
+                "data repeated after the resume: the data position was not restored",
                 "save the epoch (and batch) with the model; resume the data there, with sampler.set_epoch(epoch)",
                 f"at {where} the resumed run trained on the rows of step {other + 1} again")
         return Finding(
@@ -136,7 +136,8 @@ def _count(run: Resume) -> Optional[Finding]:
     return Finding(
         "the resumed run believed it was further than its model: it ended early",
         "restore the epoch/step counter saved with the model, and count from it",
-        f"from the state after step {run.start} it needed {needed} step(s) to reach {run.steps}, and ended after {took}")
+        f"from the state after step {run.start} it needed {needed} step(s) to reach {run.steps}, and ended after {took}",
+        fails=True)
 
 
 def _random(run: Resume) -> Optional[Finding]:

@@ -85,7 +85,7 @@ def judge_resume(run: Run, uninterrupted: List[PhaseResult], resumed: List[Phase
     """The report; raises ParityError where nothing was resumed or the resumed run trains otherwise."""
     u_sides = [r.side for r in uninterrupted if r.side is not None]
     r_sides = [r.side for r in resumed if r.side is not None]
-    facts = Resume(u_sides, r_sides, start, matched, run.stop_after, run.steps)
+    facts = Resume(u_sides, r_sides, start, matched, run.steps)
     ref = reference(u_sides, uninterrupted[0], start, len(r_sides[0].steps))
     result = compare_sides(r_sides, ref, name=run.name)
     for rec in result.records:
@@ -109,8 +109,7 @@ def judge_resume(run: Run, uninterrupted: List[PhaseResult], resumed: List[Phase
                                                                          for r, s in enumerate(r_sides)])
     if vacuous:
         raise ParityError(vacuous, report)
-    if not report.passed or (found and not matched) or any(f.cause.startswith("the resumed run believed")
-                                                                  for f in found):
+    if not report.passed or (found and not matched) or any(f.fails for f in found):
         raise ParityError(failure_message(run, report, found), report)
     return report
 
