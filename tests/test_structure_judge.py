@@ -7,7 +7,8 @@ import pytest
 from pytest_mgpu.settings import SettingsError, resolve_structure
 from pytest_mgpu.timing.structure import golden
 from pytest_mgpu.timing.structure.figures import CallStructure, StepStructure
-from pytest_mgpu.timing.structure.judge import RECORD, compare, fmt_size
+from pytest_mgpu.timing.structure.judge import RECORD, compare
+from pytest_mgpu.timing.units import fmt_size
 
 MIB = 2**20
 

@@ -18,3 +18,11 @@ def fmt_bytes(n: Optional[float]) -> str:
     if n is None:
         return "-"
     return f"{n / 2**20:.0f} MiB" if abs(n) >= 2**20 else f"{n / 2**10:.0f} KiB"
+
+
+def fmt_size(n: float) -> str:
+    """Three significant digits, trailing zeros kept: ``29.0 MiB``, ``7.52 MiB``, ``512 B``."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:#.3g}".rstrip(".") + f" {unit}"
+    return f"{int(n)} B"

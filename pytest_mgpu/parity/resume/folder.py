@@ -14,6 +14,8 @@ import pathlib
 import tempfile
 from typing import Iterator, List
 
+from ...timing.units import fmt_size
+
 ENV = "PYTEST_MGPU_CHECKPOINT_DIR"
 
 
@@ -75,16 +77,8 @@ def listing(path: str, limit: int = 8) -> str:
     for root, _, files in os.walk(path):
         for f in sorted(files):
             full = os.path.join(root, f)
-            found.append(f"{os.path.relpath(full, path)} ({_size(os.path.getsize(full))})")
+            found.append(f"{os.path.relpath(full, path)} ({fmt_size(os.path.getsize(full))})")
     if not found:
         return "nothing"
     more = f", and {len(found) - limit} more" if len(found) > limit else ""
     return ", ".join(found[:limit]) + more
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Literal, Optional
 
+from ..units import fmt_size
 from .figures import CallStructure, StepStructure
 
 Status = Literal["same", "changed", "new", "other torch", "recorded"]
@@ -41,14 +42,6 @@ class Verdict:
     @classmethod
     def from_dict(cls, d: dict) -> "Verdict":
         return cls(str(d["test"]), str(d["call"]), d["status"], list(d.get("lines", [])))
-
-
-def fmt_size(n: float) -> str:
-    """Three significant digits, trailing zeros kept: ``29.0 MiB``, ``7.52 MiB``, ``512 B``."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= scale:
-            return f"{n / scale:#.3g}".rstrip(".") + f" {unit}"
-    return f"{int(n)} B"
 
 
 def _change(old: int, new: int) -> str:
