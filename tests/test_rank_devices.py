@@ -19,3 +19,22 @@ def test_devices_on_emulated_ranks_are_cpu_once_per_device(dist):
     w = dist.world_size
     assert dist.run(_devices) == [(["cpu"], True, "cpu", "cpu", ())] * w  # each rank holds one device
     assert dist.run_single(_devices) == (["cpu"] * w, True, "cpu", "cpu", ())  # one process, all w
+
+
+def _what_torch_sees():
+    import os
+
+    return os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.is_available(), torch.cuda.device_count()
+
+
+@world_sizes(2)
+def test_emulated_ranks_see_no_gpu_even_on_a_gpu_machine(dist):
+    """On a machine with fewer GPUs than the test needs, emulated CPU ranks must not see the GPU it
+    has: fully_shard's default mesh (and any code asking torch for its accelerator) then picked
+    ``cuda:<rank>`` on a 1-GPU machine and rank 1 failed with "invalid device ordinal"."""
+    if dist.device_type != "cpu":
+        import pytest
+
+        pytest.skip("this machine has the GPUs the test needs: its ranks are not emulated")
+    assert dist.run(_what_torch_sees) == [("", False, 0)] * dist.world_size
+    assert dist.run_single(_what_torch_sees) == ("", False, 0)

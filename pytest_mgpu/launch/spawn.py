@@ -44,6 +44,11 @@ def rank_devices(spec: LaunchSpec, rank: int) -> Tuple[Tuple[int, ...], Optional
     that many times, so code written for N devices indexes them unchanged)."""
     if spec.device_type == "cuda":
         ndev = len(spec.device_ids)
+        if spec.nprocs > 1 and spec.nprocs > ndev:  # --mgpu-fallback=share: ranks take turns on the GPUs
+            return (rank % ndev,), rank % ndev
+        if spec.nprocs == 1 and (spec.test_devices or 1) > ndev:  # one process standing in for more GPUs
+            devices = tuple(i % ndev for i in range(spec.test_devices or 1))
+            return devices, devices[0]
         per = max(1, ndev // spec.nprocs)
         devices = tuple(range(rank * per, rank * per + per)) if spec.nprocs > 1 else tuple(range(ndev))
         return devices, devices[0]
@@ -54,8 +59,10 @@ def make_task(spec: LaunchSpec, rank: int, fn: Optional[FnRef], payload: bytes, 
               log_path: str) -> RankTask:
     """The task of one rank: its place in the group, its devices, and the call (if any)."""
     env = {**recorder_env(os.environ), **spec.env}  # the flight recorder on, unless the user set it
-    if spec.device_type == "cuda":
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.device_ids)
+    # CPU ranks see no GPU, also on a GPU machine: code that asks torch for its accelerator
+    # (fully_shard's default mesh, torch.accelerator, the tutorials' set_device(rank)) then picks
+    # the CPU as it would on a CPU runner, instead of device ``rank`` of a GPU it does not own.
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.device_ids) if spec.device_type == "cuda" else ""
     devices, index = rank_devices(spec, rank)
     return RankTask(
         rank=rank,
