@@ -158,22 +158,26 @@ class RankDevice:
     device_type: str  # "cuda" | "cpu"
     device_index: Optional[int]
     backend: str  # "nccl" | "gloo"
+    short_of_gpus: str = ""  # on cpu: why the node's GPU(s) could not be used ("" where it has none)
 
 
-def choose_device(world: LaunchedWorld, cuda_count: int) -> RankDevice:
-    """GPU ``LOCAL_RANK`` with NCCL; a rank that sees exactly one GPU (srun --gpus-per-task=1) uses it;
-    gloo on CPU when there is no GPU."""
+def choose_device(world: LaunchedWorld, cuda_count: int, visible: Optional[str] = None) -> RankDevice:
+    """GPU ``LOCAL_RANK`` with NCCL; a rank that was given exactly one GPU of its own
+    (``srun --gpus-per-task=1``: CUDA_VISIBLE_DEVICES names one) uses it; gloo on CPU when there is
+    no GPU, or when the node starts more ranks than it has GPUs (NCCL refuses two ranks on one GPU:
+    "Duplicate GPU detected"). Every rank of a node decides alike, from the node's counts."""
     if cuda_count <= 0:
         return RankDevice("cpu", None, "gloo")
-    if world.local_rank < cuda_count:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    own_one = cuda_count == 1 and visible is not None and len([v for v in visible.split(",") if v.strip()]) == 1
+    if world.local_world_size <= cuda_count:
         return RankDevice("cuda", world.local_rank, "nccl")
-    if cuda_count == 1:
+    if own_one:
         return RankDevice("cuda", 0, "nccl")
-    raise ExternalError(
-        f"local rank {world.local_rank} but this node shows only {cuda_count} GPU(s): start at most "
-        f"{cuda_count} rank(s) per node (torchrun --nproc_per_node={cuda_count}, srun --ntasks-per-node="
-        f"{cuda_count}), or give each task its own GPU (srun --gpus-per-task=1)"
-    )
+    return RankDevice("cpu", None, "gloo", short_of_gpus=(
+        f"this node starts {world.local_world_size} rank(s) and shows {cuda_count} GPU(s), and NCCL takes one "
+        f"GPU per rank: start at most {cuda_count} rank(s) per node (torchrun --nproc_per_node={cuda_count}, "
+        f"srun --ntasks-per-node={cuda_count}), or give each task its own GPU (srun --gpus-per-task=1)"))
 
 
 def external_plan(world_size: int, world: LaunchedWorld, device: RankDevice, fallback: str) -> DevicePlan:
@@ -187,8 +191,9 @@ def external_plan(world_size: int, world: LaunchedWorld, device: RankDevice, fal
         return DevicePlan(world_size, "cuda", device.backend, emulated=False)
     if fallback == "cpu":
         return DevicePlan(world_size, "cpu", "gloo", emulated=True)
+    why = device.short_of_gpus or f"the ranks of this {world.launcher} job have none"
     return DevicePlan(world_size, skip_reason=(
-        f"needs {world_size} GPU(s), the ranks of this {world.launcher} job have none; run it on their "
-        "CPUs with gloo with --mgpu-fallback=cpu (or PYTEST_MGPU_FALLBACK=cpu)"
+        f"needs {world_size} GPU(s): {why}; or run it on their CPUs with gloo with --mgpu-fallback=cpu "
+        "(or PYTEST_MGPU_FALLBACK=cpu)"
     ))
 
