@@ -44,8 +44,9 @@ def auto_workers(markexpr: str = "") -> Optional[int]:
 
 def under_xdist(config) -> bool:
     """Whether this pytest runs with pytest-xdist (the controller with -n/--dist/--tx, or a worker):
-    tests then run at once and share the cores (timing warns), and cannot run inside a torchrun job."""
+    tests then run at once and share the cores (timing warns), and cannot run inside a torchrun job.
+    Read from the config, not from PYTEST_XDIST_WORKER: a pytest started inside a worker (pytester,
+    a subprocess) inherits that variable but is no worker."""
     opt = config.option
     return bool(getattr(opt, "numprocesses", None) or getattr(opt, "dist", "no") not in (None, "no")
-                or getattr(opt, "tx", None) or hasattr(config, "workerinput")
-                or os.environ.get("PYTEST_XDIST_WORKER"))
+                or getattr(opt, "tx", None) or hasattr(config, "workerinput"))

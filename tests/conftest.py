@@ -104,3 +104,13 @@ def subpytest(pytester) -> Subpytest:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+
+
+@pytest.fixture
+def no_gpus(monkeypatch):
+    """This machine seen as a runner without GPUs, whatever it has: for the tests of what pytest-mgpu
+    does there (skips, CPU fallback, --mgpu-require-gpus), run in-process by pytester."""
+    from pytest_mgpu import session
+    from pytest_mgpu.devices import Hardware, usable_cpus
+
+    monkeypatch.setattr(session, "detect_hardware", lambda: Hardware((), (), usable_cpus()))

@@ -2,10 +2,10 @@
 
 BODY = """
 import pytest, torch, torch.distributed as tdist
-from pytest_mgpu import world_sizes
+from pytest_mgpu import rank_device, world_sizes
 
 def total(k):
-    t = torch.tensor([float(k)])
+    t = torch.tensor([float(k)], device=rank_device())  # NCCL carries no CPU tensors
     tdist.all_reduce(t)
     return t.item()
 

@@ -5,6 +5,8 @@ from pytest_mgpu import requirement
 from pytest_mgpu.devices import Hardware
 from pytest_mgpu.requirement import Requirement, unmet
 
+pytestmark = pytest.mark.usefixtures("no_gpus")  # these tests are about runners without GPUs
+
 TESTS = """
 import pytest
 from pytest_mgpu import world_sizes

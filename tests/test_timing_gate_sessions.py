@@ -12,6 +12,8 @@ from pytest_mgpu.timing.baselines import STRUCTURE_FILE
 from pytest_mgpu.timing.fingerprint import fingerprint
 from pytest_mgpu.timing.rule import MIN_HISTORY
 
+pytestmark = pytest.mark.usefixtures("no_gpus")  # timing sessions of CPU ranks, also on a GPU machine
+
 BODY = """
 import os, pytest, torch
 

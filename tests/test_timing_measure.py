@@ -109,7 +109,7 @@ def test_failing_step(dist):
     result.stdout.fnmatch_lines(["*cannot send*lambda*", "*rank 1*RuntimeError: step broke on rank 1*"])
 
 
-def test_cpu_peak_memory_is_the_same_every_run(pytester):
+def test_cpu_peak_memory_is_the_same_every_run(pytester, no_gpus):
     """Peak memory on CPU ranks comes from the torch profiler's allocation events, exact and the same
     for the same step in every run (issue 18: the sampled C heap read 2 MiB, then 27 MiB). The step
     holds a 1 MiB tensor and makes a 1 MiB product: the peak covers both, and no thread is left."""

@@ -11,6 +11,8 @@ import pytest
 import pytest_mgpu
 from pytest_mgpu.timing.baselines import STRUCTURE_FILE
 
+pytestmark = pytest.mark.usefixtures("no_gpus")  # timing sessions of CPU ranks, also on a GPU machine
+
 BODY = """
 import pytest, torch, pytest_mgpu
 
