@@ -20,6 +20,7 @@ from .engine import ParityError, ParityReport, cross_entropy, judge, sgd_momentu
 from .hints.numbers import UserFacts
 from .batches import call_model, to_float64, tree_to
 from .judge.distance import compare, gap
+from .precision import ieee_float32
 from .records import Portable, RankResult, RunFacts, StepRecord
 from .worker import build_model, copy_by_name, model_facts
 
@@ -173,7 +174,12 @@ def _facts(ref, loss_fn, job: UserParityJob, device, stage_of) -> UserFacts:
 
 
 def run_user_parity(job: UserParityJob) -> RankResult:
-    """Runs in the one process that sees all the test's devices."""
+    """Runs in the one process that sees all the test's devices (float32 as IEEE float32 there)."""
+    with ieee_float32():
+        return _run_user_parity(job)
+
+
+def _run_user_parity(job: UserParityJob) -> RankResult:
     import torch
 
     from .._context import rank_context

@@ -19,6 +19,7 @@ from typing import Dict, List, Optional
 
 from .batches import batch_len, call_model, tree_to
 from .judge.distance import compare, tensor_error
+from .precision import ieee_float32
 from .records import ParityJob, RankResult, RunFacts, StepRecord
 from .registry import STRATEGIES, exactness
 from .runners import make_runner
@@ -117,7 +118,7 @@ def model_facts(model, loss_fn, job: ParityJob, world_size: int, device) -> RunF
 
 def run_parity(job: ParityJob) -> Optional[RankResult]:
     """Runs in every rank (or in the one process of a single-process strategy)."""
-    with _deterministic(job.deterministic):
+    with _deterministic(job.deterministic), ieee_float32():
         return _run(job)
 
 

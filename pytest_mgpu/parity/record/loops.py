@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Literal, Optional, Tuple
 
 from ..judge.distance import gap
+from ..precision import ieee_float32
 from .loop_companions import LOW, float64_dispatch, split_sums
 from .recorder import Recorder, SideLog
 from ..records import Portable
@@ -67,10 +68,11 @@ def run_loop(job: LoopJob) -> SideResult:
 
     ctx = rank_context()
     fn = job.fn.load()
-    side, notes = run_side(job, fn, ctx.rank)
-    result = SideResult(side, notes)
-    if job.reference:
-        add_companions(result, job, fn, ctx.seed)
+    with ieee_float32():
+        side, notes = run_side(job, fn, ctx.rank)
+        result = SideResult(side, notes)
+        if job.reference:
+            add_companions(result, job, fn, ctx.seed)
     return result
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, List, Literal, Optional, Tuple
 
 from ..record.loop_companions import split_sums
+from ..precision import ieee_float32
 from ..record.loops import Gaps, LoopJob, run_shadow, run_side
 from ..record.recorder import SideLog
 from ..record.step_recorder import StepRecorder, StopTraining
@@ -105,7 +106,12 @@ class ResumedSteps(StepRecorder):
 
 
 def run_phase(job: PhaseJob) -> PhaseResult:
-    """Runs in every rank of the phase."""
+    """Runs in every rank of the phase (float32 as IEEE float32: ``parity.precision``)."""
+    with ieee_float32():
+        return _run_phase(job)
+
+
+def _run_phase(job: PhaseJob) -> PhaseResult:
     from ..._context import rank_context
     from ...launch.rank import seed_everything
 
