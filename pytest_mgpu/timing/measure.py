@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 from ..launch.protocol import pack_call
 from .inrank import DEFAULT_MIN_RUN_TIME, LoopConfig, RankTiming, rank_loop
-from .reference import REFERENCE_HASH
+from .reference import UNNORMALIZED_HASH, gate_reference_hash
 from .structure.figures import CallStructure, of_benchmark
 from .units import fmt_bytes, fmt_time
 
@@ -102,7 +102,10 @@ class Measurement:
 
     @property
     def x(self) -> Optional[float]:
-        """The gate's statistic of this launch: ln(step median / reference median)."""
+        """The gate's statistic of this launch: ln(step median / reference median); on a GPU
+        ln(step median) (``reference.normalizes``)."""
+        if self.reference_hash == UNNORMALIZED_HASH:
+            return math.log(self.median) if self.median > 0 else None
         ref = self.reference_median
         return math.log(self.median / ref) if ref and self.median > 0 else None
 
@@ -271,6 +274,11 @@ def benchmark(
     timeout: seconds for the whole call, as in ``dist.run``.
     """
     __tracebackhide__ = True
+    if getattr(getattr(dist, "plan", None), "shared_gpus", 0):
+        import pytest
+
+        pytest.skip("dist.benchmark does not time ranks sharing a GPU (--mgpu-fallback=share): their times "
+                    "measure each other's turns, not the step. Time on GPUs of their own, or CPU ranks")
     loop = _loop_config(warmup, repeat, min_run_time)
     batch_size = _positive_int("batch_size", batch_size, allow_zero=False)
     ref, payload = pack_call(fn, args, kwargs)  # clear errors for unsendable functions and arguments
@@ -328,6 +336,12 @@ def _launch(dist, ref, args, kwargs, loop: LoopConfig, single_process: bool, tim
     return timings
 
 
+def _reference_hash(task: TaskSpec, timings: Sequence[RankTiming]) -> str:
+    if not timings[0].reference_samples:
+        return ""
+    return gate_reference_hash(task.device_type, task.emulated)
+
+
 def _assemble(task: TaskSpec, timings: Sequence[RankTiming], remeasured: int = 0) -> Measurement:
     """One Measurement from every rank's timings: per iteration, the slowest rank's time."""
     m = Measurement(
@@ -338,7 +352,7 @@ def _assemble(task: TaskSpec, timings: Sequence[RankTiming], remeasured: int = 0
         peak_mem_bytes=[t.peak_mem_bytes for t in timings],
         mem_source=timings[0].mem_source,
         reference_samples=[max(col) for col in zip(*(t.reference_samples for t in timings))],
-        reference_hash=REFERENCE_HASH if timings[0].reference_samples else "",
+        reference_hash=_reference_hash(task, timings),
         remeasured=remeasured,
         structure=of_benchmark(task.name, task.world_size, {t.rank: list(t.structure) for t in timings}),
     )

@@ -9,6 +9,7 @@ from typing import Dict, Final, Mapping, Optional, Tuple
 
 from .units import fmt_time
 from .pairing import RevisionStatus, RevisionVerdict
+from .reference import UNNORMALIZED_HASH
 from .rule import MIN_HISTORY, HistoryVerdict, Status, percent
 
 
@@ -18,7 +19,8 @@ def verdict_of(d: dict) -> Optional[HistoryVerdict]:
 
 
 def delta_cell(d: dict) -> str:
-    """The report's "vs history" cell: ``+23.1% (n=20)``; the ratio is reference-normalized."""
+    """The report's "vs history" cell: ``+23.1% (n=20)``; the ratio is reference-normalized on CPU ranks,
+    the step's own on a GPU."""
     v = verdict_of(d)
     if v is None or v.ratio is None:
         return "-"
@@ -61,9 +63,10 @@ def describe(d: dict) -> str:
     hist = fmt_time(d.get("history_median_s"))
     spread = f"{(math.exp(v.spread) - 1) * 100:.1f}%" if v.spread is not None else "-"
     ratio = f"x{v.ratio:.3f} ({(v.ratio - 1) * 100:+.1f}%)" if v.ratio is not None else "-"
+    raw = d.get("reference_hash") == UNNORMALIZED_HASH  # a GPU: the step's own median is judged
+    stat, kind = ("ln(step median)", "ratio") if raw else ("ln(step/reference)", "reference-normalized ratio")
     text = (f"median {new} vs history median of medians {hist} over {v.n_history} launch(es) "
-            f"(spread {spread} sd of ln(step/reference)); reference-normalized ratio {ratio}, "
-            f"threshold +{v.threshold * 100:.0f}%")
+            f"(spread {spread} sd of {stat}); {kind} {ratio}, threshold +{v.threshold * 100:.0f}%")
     if v.status == Status.NOISY:
         return f"{noisy_line(d)}. Compared: {text}; baseline: {source}; not saved to the history"
     if v.status == Status.LEARNING:

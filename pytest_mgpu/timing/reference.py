@@ -39,6 +39,23 @@ class ReferenceSpec:
 
 REFERENCE = ReferenceSpec()
 REFERENCE_HASH = REFERENCE.digest()
+# On a GPU the gate judges the step's own median: x = ln(step median). The reference there is a few
+# microsecond-sized kernels whose time is launch latency, noisier than the step it would divide
+# (docs/design/timing-gate.md, "On a GPU"). Its launches carry this hash instead of REFERENCE_HASH, so a
+# history of one kind never judges the other.
+UNNORMALIZED = ReferenceSpec(kind="none", size=0, reps=0)
+UNNORMALIZED_HASH = UNNORMALIZED.digest()
+
+
+def normalizes(device_type: str, emulated: bool) -> bool:
+    """Whether the gate divides a step's median by the in-run reference's: on CPU ranks (emulated or
+    real), where the machine's speed drifts with its neighbours; not on a GPU."""
+    return device_type != "cuda" or emulated
+
+
+def gate_reference_hash(device_type: str, emulated: bool) -> str:
+    """The hash a launch on these ranks is stored with: which statistic its x is."""
+    return REFERENCE_HASH if normalizes(device_type, emulated) else UNNORMALIZED_HASH
 
 
 def make_reference(device, spec: ReferenceSpec = REFERENCE) -> Callable[[], None]:

@@ -242,7 +242,8 @@ def markdown(rows: Sequence[Row], notes: Sequence[str] = (), structure: Sequence
     out += ["", table(rows, "github"), ""]
     out.append("Speed-up is over the group's one-device row (throughput when the batch size is known); "
                "efficiency is speed-up / devices, (!) over 100%. Lane \"history\": this launch's "
-               "ln(step/reference) against the recorded launches' (one-sided t prediction interval and the "
+               "ln(step/reference) (on a GPU: ln(step median)) against the recorded launches' (one-sided t "
+               "prediction interval and the "
                "effect size); baseline is their median of medians. Lane \"vs REV\": the head against REV "
                "measured beside it in interleaved pairs (--mgpu-against); change is head/base with its 99% "
                "bootstrap interval; baseline is the base's median.")
