@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
-FALLBACKS = ("skip", "cpu")
+FALLBACKS = ("skip", "cpu", "share")
 
 
 def usable_cpus() -> int:
@@ -55,10 +55,17 @@ class DevicePlan:
     backend: str = "gloo"  # "nccl" | "gloo"
     emulated: bool = False
     skip_reason: Optional[str] = None
+    shared_gpus: int = 0  # --mgpu-fallback=share: the GPUs its world_size ranks take turns on (gloo)
+
+    @property
+    def gpus_to_lease(self) -> int:
+        return self.shared_gpus or self.world_size
 
     def describe(self) -> str:
         if self.skip_reason:
             return f"skipped: {self.skip_reason}"
+        if self.shared_gpus:
+            return f"{self.world_size} x cuda sharing {self.shared_gpus} GPU(s) ({self.backend}, emulated)"
         if self.emulated:
             return f"{self.world_size} x cpu ({self.backend}, emulated)"
         return f"{self.world_size} x {self.device_type} ({self.backend})"
@@ -69,7 +76,10 @@ def plan_for(world_size: int, hw: Hardware, fallback: str, max_cpu_ranks: int = 
     if world_size <= hw.cuda_count:
         return DevicePlan(world_size, "cuda", "nccl", emulated=False)
     found = f"found {hw.cuda_count} CUDA device(s)"
-    if fallback == "cpu":
+    if fallback == "share" and hw.cuda_count and world_size <= max_cpu_ranks:
+        # NCCL refuses two ranks on one GPU; gloo carries CUDA tensors (staged through host memory)
+        return DevicePlan(world_size, "cuda", "gloo", emulated=True, shared_gpus=hw.cuda_count)
+    if fallback in ("cpu", "share"):  # share without a GPU: CPU ranks, as cpu
         if world_size > max_cpu_ranks:
             return DevicePlan(
                 world_size,

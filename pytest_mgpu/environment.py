@@ -46,6 +46,10 @@ class EnvironmentReport:
                 lines.append(f"    {'':<14}baseline: {self.baselines[what]}")
         if not self.devices:
             lines.append("  gpuN tests skip here unless run with --mgpu-fallback=cpu (N gloo CPU ranks).")
+        else:
+            n = len(self.devices)
+            lines.append(f"  gpuN tests with N > {n} skip here unless run with --mgpu-fallback=cpu (N gloo CPU ranks) "
+                         f"or --mgpu-fallback=share (N gloo ranks taking turns on the {n} GPU(s)).")
         return "\n".join(lines)
 
 

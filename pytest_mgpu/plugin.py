@@ -113,12 +113,14 @@ def pytest_runtest_setup(item):
     item.user_properties.append(("mgpu_plan", plan.describe()))
     item.user_properties.append(("mgpu_world_size", plan.world_size))
     item.user_properties.append(("mgpu_emulated", plan.emulated))
+    if plan.shared_gpus:
+        item.user_properties.append(("mgpu_shared", plan.shared_gpus))
 
 
 def _skip_fix(config, world_size: int) -> str:
     """The one option that runs a skipped distributed test here (for the summary's line)."""
     settings = _session(config).settings
-    if settings.fallback != "cpu":
+    if settings.fallback == "skip":
         return "run them on gloo CPU ranks with --mgpu-fallback=cpu"
     return f"emulating them exceeds --mgpu-max-cpu-ranks={settings.max_cpu_ranks}; raise it to run them"
 
@@ -236,6 +238,7 @@ class _Recorder:
             plan=str(props.get("mgpu_plan", "")),
             emulated=bool(props.get("mgpu_emulated", False)),
             world_size=int(props.get("mgpu_world_size", 0)),
+            shared=bool(props.get("mgpu_shared")),
             calls=int(props["mgpu_calls"]),
             startup_s=list(props.get("mgpu_startup_s", [])),
         )
@@ -245,7 +248,8 @@ def pytest_report_teststatus(report, config):
     if report.when == "call" and report.passed:
         props = dict(report.user_properties)
         if props.get("mgpu_emulated"):
-            return "passed", ".", ("PASSED (emulated on cpu)", {"green": True})
+            where = "ranks sharing a GPU" if props.get("mgpu_shared") else "cpu"
+            return "passed", ".", (f"PASSED (emulated on {where})", {"green": True})
     return None
 
 

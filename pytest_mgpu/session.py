@@ -23,6 +23,7 @@ class TestRecord:
     world_size: int
     calls: int
     startup_s: List[float]
+    shared: bool = False  # emulated by ranks sharing GPUs (--mgpu-fallback=share)
 
 
 @dataclass
@@ -73,7 +74,7 @@ class MgpuSession:
             return None
         if self._leaser is None:
             self._leaser = DeviceLeaser(self.hardware.cuda_ids)
-        return self._leaser.acquire(plan.world_size, timeout_s)
+        return self._leaser.acquire(plan.gpus_to_lease, timeout_s)
 
     def close(self) -> None:
         if self._launcher is not None:
@@ -96,12 +97,15 @@ class MgpuSession:
         if not self.records:
             return []
         recs = list(self.records.values())
-        emulated = sum(r.emulated for r in recs)
+        shared = sum(r.shared for r in recs)
+        emulated = sum(r.emulated for r in recs) - shared
         starts = [s for r in recs for s in r.startup_s]
         calls = sum(r.calls for r in recs)
         line = f"{len(recs)} distributed test(s), {calls} call(s)"
         if emulated:
             line += f"; {emulated} emulated on CPU ranks (gloo)"
+        if shared:
+            line += f"; {shared} emulated by ranks sharing GPUs (gloo)"
         if starts:
             line += (
                 f"; rank start-up per call: median {statistics.median(starts) * 1000:.0f} ms, "

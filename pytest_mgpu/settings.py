@@ -70,9 +70,10 @@ class Option:
 
 FALLBACK = Option(
     "mgpu_fallback", "--mgpu-fallback",
-    f"what a gpuN test does with fewer than N GPUs: skip it (default) or run it on N gloo CPU ranks "
-    f"(cpu). Also ini mgpu_fallback, env {ENV_FALLBACK}.",
-    ini_help="skip or cpu: see --mgpu-fallback", env=ENV_FALLBACK, cli={"choices": FALLBACKS})
+    f"what a gpuN test does with fewer than N GPUs: skip it (default), run it on N gloo CPU ranks "
+    f"(cpu), or on N gloo ranks taking turns on the GPUs there are (share; cpu without a GPU). Also "
+    f"ini mgpu_fallback, env {ENV_FALLBACK}.",
+    ini_help="skip, cpu or share: see --mgpu-fallback", env=ENV_FALLBACK, cli={"choices": FALLBACKS})
 TIMEOUT = Option(
     "mgpu_timeout", "--mgpu-timeout",
     "seconds one dist.run may take before its ranks are reported as hung and killed (default 300; "

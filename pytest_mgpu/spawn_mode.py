@@ -50,7 +50,7 @@ def spawn(dist, fn: Callable, args: tuple, kwargs: dict) -> List[Any]:
     try:
         outs = dist.run(spawn_entry, Portable.of(fn, "dist.spawn's fn"), prefix, args, kwargs)
     except RankFailure as failure:  # a script written for GPUs, on CPU ranks: name the call
-        add_cuda_hint(failure, dist.emulated)
+        add_cuda_hint(failure, dist.emulated and dist.device_type == "cpu")
         raise
     for note in dict.fromkeys(n for out in outs for n in out.notes):
         warnings.warn(f"dist.spawn: {note}", RuntimeWarning, stacklevel=3)
@@ -164,16 +164,17 @@ class Redirect:
         return self.original(**kwargs)
 
     def _runnable(self, backend: Optional[str]) -> Optional[str]:
-        """``"nccl"`` on CPU ranks (or without NCCL) becomes this test's backend (gloo), with a note."""
+        """``"nccl"`` on CPU ranks, on ranks sharing a GPU (NCCL refuses two ranks on one GPU) or without
+        NCCL becomes this test's backend (gloo), with a note."""
         import torch
         import torch.distributed as tdist
 
         if backend is None or "nccl" not in str(backend).lower():
             return backend
-        if self.ctx.device_type == "cuda" and tdist.is_nccl_available() and torch.cuda.is_available():
+        if self.ctx.backend == "nccl" and tdist.is_nccl_available() and torch.cuda.is_available():
             return backend
-        self._note(f"backend {backend!r} cannot run on these {self.ctx.device_type} ranks; "
-                   f"ran as {self.ctx.backend!r}")
+        where = "ranks sharing a GPU" if self.ctx.device_type == "cuda" else f"{self.ctx.device_type} ranks"
+        self._note(f"backend {backend!r} cannot run on these {where}; ran as {self.ctx.backend!r}")
         return self.ctx.backend
 
     def _note(self, text: str) -> None:

@@ -67,7 +67,8 @@ def test_stages_sit_on_consecutive_devices(dist):
     stages, where, out_device = dist.run_single(_stage_devices, dist.world_size)
     assert len(stages) == dist.world_size
     assert [n for s in stages for n in s] == list(where), "stages are consecutive runs of the children"
-    devices = [f"cuda:{i}" for i in range(dist.world_size)] if dist.device_type == "cuda" else ["cpu"]
+    gpus = dist.plan.shared_gpus or dist.world_size  # --mgpu-fallback=share: the stages take turns on fewer
+    devices = [f"cuda:{i % gpus}" for i in range(dist.world_size)] if dist.device_type == "cuda" else ["cpu"]
     for stage, names in enumerate(stages):
         assert names, f"stage {stage} is empty"
         for name in names:

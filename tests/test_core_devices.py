@@ -26,6 +26,33 @@ def test_plan_skips_or_emulates_when_short():
     assert plan_for(16, NONE, "cpu", max_cpu_ranks=8).skip_reason
 
 
+def test_share_puts_more_ranks_than_gpus_on_the_gpus_with_gloo():
+    """--mgpu-fallback=share: NCCL refuses two ranks on one GPU (seen on a 1-GPU H200: "Duplicate GPU
+    detected"), so the ranks share it over gloo; without a GPU share is cpu."""
+    one = Hardware(("0",), ("NVIDIA H200",), 16)
+    plan = plan_for(4, one, "share")
+    assert (plan.device_type, plan.backend, plan.emulated, plan.shared_gpus, plan.gpus_to_lease) == \
+        ("cuda", "gloo", True, 1, 1)
+    assert plan.describe() == "4 x cuda sharing 1 GPU(s) (gloo, emulated)"
+    assert plan_for(1, one, "share") == plan_for(1, one, "skip")  # enough GPUs: its own, on NCCL
+    assert plan_for(2, NONE, "share") == plan_for(2, NONE, "cpu")
+    assert plan_for(16, one, "share", max_cpu_ranks=8).skip_reason
+
+
+def test_ranks_sharing_gpus_take_turns_and_one_process_sees_each_gpu_it_stands_in_for():
+    from pytest_mgpu.launch.base import LaunchSpec
+    from pytest_mgpu.launch.spawn import rank_devices
+
+    shared = LaunchSpec(nprocs=4, backend="gloo", device_type="cuda", device_ids=("3",), test_devices=4, emulated=True)
+    assert [rank_devices(shared, r) for r in range(4)] == [((0,), 0)] * 4
+    two = LaunchSpec(nprocs=4, backend="gloo", device_type="cuda", device_ids=("0", "1"), test_devices=4, emulated=True)
+    assert [rank_devices(two, r)[1] for r in range(4)] == [0, 1, 0, 1]
+    single = LaunchSpec(nprocs=1, backend="gloo", device_type="cuda", device_ids=("3",), test_devices=2, emulated=True)
+    assert rank_devices(single, 0) == ((0, 0), 0)
+    own = LaunchSpec(nprocs=2, backend="nccl", device_type="cuda", device_ids=("0", "1"), test_devices=2)
+    assert [rank_devices(own, r) for r in range(2)] == [((0,), 0), ((1,), 1)]
+
+
 def _hold(lock_dir, ids, n, hold_s, q):
     leaser = DeviceLeaser(ids, lock_dir)
     lease = leaser.acquire(n, timeout_s=60)

@@ -61,7 +61,7 @@ def test_bad_fallback_value_is_a_usage_error(pytester, monkeypatch):
     pytester.makepyfile(TEST)
     result = pytester.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*must be one of skip, cpu, got 'gpu'*"])
+    result.stderr.fnmatch_lines(["*must be one of skip, cpu, share, got 'gpu'*"])
 
 
 def test_max_cpu_ranks_skips_with_reason(pytester):

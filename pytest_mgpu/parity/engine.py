@@ -60,7 +60,8 @@ def assert_parity(dist, strategy: str, model_fn, batch_fn, *, loss_fn=None, opti
     for name, v in (("rtol", rtol), ("atol", atol)):
         if v is not None and not (isinstance(v, (int, float)) and v >= 0):
             raise ValueError(f"{name} must be a non-negative number, got {v!r}")
-    reason = registry.unavailable(spec, opts, dist.device_type, dist.world_size)
+    reason = registry.unavailable(spec, opts, dist.device_type, dist.world_size,
+                                  shared=bool(getattr(getattr(dist, "plan", None), "shared_gpus", 0)))
     if reason:
         _skip(f"{strategy!r} cannot run here: {reason}")
     job = ParityJob(

@@ -115,8 +115,15 @@ def _check_values(strategy: str, opts: Dict[str, Any]) -> None:
         raise StrategyError(f"split_points must be a list of module names, e.g. ['layer3'], got {sp!r}")
 
 
-def unavailable(spec: Strategy, opts: Dict[str, Any], device_type: str, world_size: int) -> Optional[str]:
-    """Why this strategy cannot run on this test's devices, or None."""
+def unavailable(spec: Strategy, opts: Dict[str, Any], device_type: str, world_size: int,
+                shared: bool = False) -> Optional[str]:
+    """Why this strategy cannot run on this test's devices, or None (``shared``: ranks sharing GPUs)."""
+    if spec.name == "dp" and shared:
+        return ("nn.DataParallel splits a batch over distinct GPUs; under --mgpu-fallback=share this test's "
+                "devices are one GPU named several times (run on 2+ GPUs)")
+    if spec.name == "pipeline" and opts.get("schedule") and shared:
+        return ("torch.distributed.pipelining sends activations rank to rank (send/recv), and gloo does not "
+                "carry CUDA tensors that way ('writev ... Bad address'); run it on 2+ GPUs or CPU ranks")
     if spec.name == "dp":
         if device_type != "cuda":
             return (

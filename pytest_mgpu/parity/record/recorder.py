@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..gather import full_tensor
+
 # Path components that only wrappers add: dropped from every name.
 WRAPPER_PARTS = frozenset({"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_forward_module"})
 
@@ -118,8 +120,7 @@ def full_copy(t):
     """A CPU copy of the whole tensor: DTensors (FSDP2, tensor parallel) are gathered first."""
     if t is None:
         return None
-    if hasattr(t, "full_tensor"):
-        t = t.full_tensor()
+    t = full_tensor(t)
     return t.detach().to("cpu", copy=True)
 
 

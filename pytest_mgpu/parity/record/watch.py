@@ -26,6 +26,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Tuple
 
+from ..gather import full_tensor
 
 @dataclass
 class Inputs:
@@ -174,7 +175,7 @@ class Watch:
         self._inputs.pipeline = self._inputs.pipeline or caller.startswith("torch.distributed.pipelining")
 
     def saw_clip(self, total, max_norm) -> None:
-        norm = total.full_tensor() if hasattr(total, "full_tensor") else total
+        norm = full_tensor(total)
         self._inputs.clips.append((float(norm), float(max_norm)))
 
     def model_roots(self) -> List[Any]:

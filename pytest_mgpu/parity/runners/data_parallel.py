@@ -125,10 +125,7 @@ class FSDPRunner(_ShardedRunner):
     def _full(self, which):
         """Full tensors: DTensor.full_tensor() (FSDP2) or summon_full_params (FSDP1); collective."""
         if self.version == 2:
-            from torch.distributed.tensor import DTensor
-
-            def full(t):
-                return t.full_tensor() if isinstance(t, DTensor) else t
+            from ..gather import full_tensor as full
 
             if which == "grads":
                 out = {n: (full(p.grad) if p.grad is not None else None) for n, p in self.module.named_parameters()}
