@@ -101,10 +101,21 @@ def _function_start(lines: List[str], stop: int) -> int:
     return 1
 
 
-def add_cuda_hint(failure, emulated: bool) -> None:
-    """Add the hint to a RankFailure from emulated ranks whose cause is a CUDA-only call."""
-    if not emulated:
+def shared_gpu_call(text: str, shared_gpus: int) -> Optional[str]:
+    """The hint for ranks sharing GPUs (``--mgpu-fallback=share``) that asked for one past them."""
+    if "invalid device ordinal" not in text:
+        return None
+    return (f"these ranks share {shared_gpus} GPU(s) (--mgpu-fallback=share): each sees cuda:0..cuda:{shared_gpus - 1}, "
+            "and code that takes cuda:<rank> (torch.cuda.set_device(rank), .to(rank), DDP(device_ids=[rank])) asks "
+            f"for a GPU that is not there. Write the device portably: {PORTABLE}.")
+
+
+def add_cuda_hint(failure, emulated: bool, shared_gpus: int = 0) -> None:
+    """Add the hint to a RankFailure whose cause is a CUDA-only call on emulated CPU ranks
+    (``emulated``), or a GPU index past the ones ranks sharing ``shared_gpus`` GPUs see."""
+    if not emulated and not shared_gpus:
         return
-    hint = cuda_only_call(failure.format())
+    text = failure.format()
+    hint = shared_gpu_call(text, shared_gpus) if shared_gpus else cuda_only_call(text)
     if hint and hint not in (failure.hint or ""):
         failure.hint = (failure.hint + "\n" if failure.hint else "") + hint

@@ -50,7 +50,7 @@ def spawn(dist, fn: Callable, args: tuple, kwargs: dict) -> List[Any]:
     try:
         outs = dist.run(spawn_entry, Portable.of(fn, "dist.spawn's fn"), prefix, args, kwargs)
     except RankFailure as failure:  # a script written for GPUs, on CPU ranks: name the call
-        add_cuda_hint(failure, dist.emulated and dist.device_type == "cpu")
+        add_cuda_hint(failure, dist.emulated and dist.device_type == "cpu", dist.plan.shared_gpus)
         raise
     for note in dict.fromkeys(n for out in outs for n in out.notes):
         warnings.warn(f"dist.spawn: {note}", RuntimeWarning, stacklevel=3)

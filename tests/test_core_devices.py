@@ -158,3 +158,22 @@ def test_the_plugin_imports_where_there_is_no_fcntl(tmp_path):
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "imported without fcntl" in out.stdout, "the sitecustomize did not hide fcntl:\n" + out.stdout
+
+
+def test_a_rank_asking_for_its_own_gpu_index_among_shared_gpus_is_told_why():
+    from pytest_mgpu.cuda_only import add_cuda_hint
+
+    class Failure:
+        hint = ""
+
+        def format(self):
+            return ("rank 1 raised torch.AcceleratorError: CUDA error: invalid device ordinal\n"
+                    '  File "/work/train.py", line 12, in main\n    torch.cuda.set_device(rank)\n')
+
+    shared = Failure()
+    add_cuda_hint(shared, emulated=False, shared_gpus=1)
+    assert shared.hint.startswith("these ranks share 1 GPU(s) (--mgpu-fallback=share): each sees cuda:0..cuda:0")
+    assert "pytest_mgpu.rank_device()" in shared.hint
+    own = Failure()
+    add_cuda_hint(own, emulated=False)  # ranks on GPUs of their own: nothing to add
+    assert own.hint == ""

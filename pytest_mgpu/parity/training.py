@@ -60,7 +60,7 @@ def assert_same_training(dist, fn, reference_fn, *args, steps: int = 3, record: 
     except RankFailure as failure:
         from ..cuda_only import add_cuda_hint
 
-        add_cuda_hint(failure, dist.emulated and dist.device_type == "cpu")
+        add_cuda_hint(failure, dist.emulated and dist.device_type == "cpu", dist.plan.shared_gpus)
         raise
     for note in dict.fromkeys(n for side in ranks + [ref] for n in side.notes):
         warnings.warn(f"assert_same_training(spawn=True): {note}", RuntimeWarning, stacklevel=3)

@@ -96,7 +96,7 @@ def _phase(dist, job: PhaseJob, nprocs: int, timeout: Optional[float], run: Run)
     except RankFailure as failure:
         from ...cuda_only import add_cuda_hint
 
-        add_cuda_hint(failure, dist.emulated and dist.device_type == "cpu")
+        add_cuda_hint(failure, dist.emulated and dist.device_type == "cpu", dist.plan.shared_gpus)
         failure.what += f" in the {job.phase} phase"
         if job.phase == "resumed":
             failure.what += f" at {nprocs} ranks"
