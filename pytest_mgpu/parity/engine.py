@@ -80,9 +80,9 @@ def assert_parity(dist, strategy: str, model_fn, batch_fn, *, loss_fn=None, opti
 
     try:
         if spec.process == "single":
-            result = dist.run_single(run_parity, job, timeout=timeout)
+            outputs = [dist.run_single(run_parity, job, timeout=timeout)]
         else:
-            result = dist.run(run_parity, job, timeout=timeout)[0]
+            outputs = dist.run(run_parity, job, timeout=timeout)
     except RankFailure as failure:
         text = failure.format()
         if "find_unused_parameters" in text or "did not receive grad" in text:
@@ -90,10 +90,23 @@ def assert_parity(dist, strategy: str, model_fn, batch_fn, *, loss_fn=None, opti
                 "Parity hint: the model has parameters that get no gradient; pass "
                 "find_unused_parameters=True to assert_parity('ddp', ...) or remove them.")
         raise
-    report = judge(result, spec.name, dist.world_size, _where(dist), rtol, atol, deterministic)
+    _keep_structure(dist, strategy, outputs)
+    report = judge(outputs[0].result, spec.name, dist.world_size, _where(dist), rtol, atol, deterministic)
     if not report.passed:
         raise ParityError(report.failure_message(), report)
     return report
+
+
+def _keep_structure(dist, strategy: str, outputs) -> None:
+    """The call's collectives per rank and step, for the structure goldens (``timing.structure``)."""
+    kept = getattr(dist, "structures", None)
+    if kept is None:
+        return
+    from ..timing.structure.figures import of_parity
+
+    index = sum(1 for s in kept if s.kind == "parity")
+    kept.append(of_parity(strategy, index, dist.world_size, {r: out.structure for r, out in enumerate(outputs)},
+                          dist.device_type))
 
 
 def _where(dist) -> str:

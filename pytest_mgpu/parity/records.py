@@ -149,3 +149,12 @@ class RankResult:
 
     records: List[StepRecord]
     facts: RunFacts
+
+
+@dataclass
+class RankOutput:
+    """What every rank of a parity run returns: rank 0's result (None elsewhere), and the rank's
+    structure per training step (``timing.structure.figures.StepStructure``)."""
+
+    result: Optional[RankResult]
+    structure: List[Any] = field(default_factory=list)

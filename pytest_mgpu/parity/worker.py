@@ -20,7 +20,9 @@ from typing import Dict, List, Optional
 from .batches import batch_len, call_model, tree_to
 from .judge.distance import compare, tensor_error
 from .precision import ieee_float32
-from .records import ParityJob, RankResult, RunFacts, StepRecord
+from .records import ParityJob, RankOutput, RankResult, RunFacts, StepRecord
+from ..timing.structure.counter import CollectiveCounter
+from ..timing.structure.figures import StepStructure
 from .registry import STRATEGIES, exactness
 from .runners import make_runner
 from .shadow import Shadow, Twin, attach_floors
@@ -116,7 +118,7 @@ def model_facts(model, loss_fn, job: ParityJob, world_size: int, device) -> RunF
     return facts
 
 
-def run_parity(job: ParityJob) -> Optional[RankResult]:
+def run_parity(job: ParityJob) -> RankOutput:
     """Runs in every rank (or in the one process of a single-process strategy)."""
     with _deterministic(job.deterministic), ieee_float32():
         return _run(job)
@@ -241,7 +243,7 @@ class _Reference:
                         setattr(e, "floor" if note == "shadow_note" else "twin", math.nan)
 
 
-def _run(job: ParityJob) -> Optional[RankResult]:
+def _run(job: ParityJob) -> RankOutput:
     import torch
 
     from .._context import rank_context
@@ -263,17 +265,22 @@ def _run(job: ParityJob) -> Optional[RankResult]:
     if ref:
         ref.attach_companions(runner, example, job)
     records: List[StepRecord] = []
+    structure: List[StepStructure] = []
     for step in range(job.steps):
         inputs, targets = example if step == 0 else batch_fn(step)
         rec = StepRecord(step)
         if ref:
             ref.forward_backward(inputs, targets, step)
-        loss, out = runner.forward_backward(inputs, targets)
+        with CollectiveCounter() as backward:  # the strategy's collectives, not the record's gathers
+            loss, out = runner.forward_backward(inputs, targets)
         grads = runner.grads()
         if ref:
             ref.measure_before_step(rec, runner, loss, out, grads)
             ref.step()
-        runner.optimizer_step()
+        with CollectiveCounter() as update:
+            runner.optimizer_step()
+        structure.append(StepStructure(f"step {step}", dict(backward.counts + update.counts),
+                                       dict(backward.sent + update.sent)))
         params = runner.params()
         buffers = runner.buffers() if job.options.get("check_buffers", True) else None
         if ref:
@@ -283,11 +290,11 @@ def _run(job: ParityJob) -> Optional[RankResult]:
             if step + 1 < job.steps:
                 ref.resync(params, buffers)
     if not ref:
-        return None
+        return RankOutput(None, structure)
     ref.finish(records)
     facts = ref.facts
     facts.microbatches = runner.microbatches
     facts.shard_sizes = list(runner.shard_sizes)
     facts.stages = [list(s) for s in runner.stages]
     facts.exact, facts.exact_note = exactness(spec, job.options, world, runner.microbatches)
-    return RankResult(records, facts)
+    return RankOutput(RankResult(records, facts), structure)

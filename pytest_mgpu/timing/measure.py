@@ -354,7 +354,8 @@ def _assemble(task: TaskSpec, timings: Sequence[RankTiming], remeasured: int = 0
         reference_samples=[max(col) for col in zip(*(t.reference_samples for t in timings))],
         reference_hash=_reference_hash(task, timings),
         remeasured=remeasured,
-        structure=of_benchmark(task.name, task.world_size, {t.rank: list(t.structure) for t in timings}),
+        structure=of_benchmark(task.name, task.world_size, {t.rank: list(t.structure) for t in timings},
+                               task.device_type),
     )
     m.unstable = instability(m.samples)
     return m

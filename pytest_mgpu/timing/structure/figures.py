@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Literal, Optional
 
-CallKind = Literal["simulate", "benchmark"]
+CallKind = Literal["simulate", "benchmark", "parity"]
 
 
 @dataclass
@@ -46,16 +46,22 @@ class CallStructure:
     kind: CallKind
     world_size: int
     ranks: Dict[int, List[StepStructure]] = field(default_factory=dict)
+    device: str = ""  # the real ranks' device type ("cpu", "cuda"); "" for a simulated rank
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "world_size": self.world_size,
-                "ranks": {str(r): [s.to_dict() for s in steps] for r, steps in sorted(self.ranks.items())}}
+        d: dict = {"kind": self.kind, "world_size": self.world_size}
+        if self.device:
+            d["device"] = self.device
+        d["ranks"] = {str(r): [s.to_dict() for s in steps] for r, steps in sorted(self.ranks.items())}
+        return d
 
     @classmethod
     def from_dict(cls, call: str, d: dict) -> "CallStructure":
-        kind: CallKind = "simulate" if d.get("kind") == "simulate" else "benchmark"
+        raw = d.get("kind")
+        kind: CallKind = "simulate" if raw == "simulate" else "parity" if raw == "parity" else "benchmark"
         return cls(call, kind, int(d.get("world_size", 0)),
-                   {int(r): [StepStructure.from_dict(s) for s in steps] for r, steps in d.get("ranks", {}).items()})
+                   {int(r): [StepStructure.from_dict(s) for s in steps] for r, steps in d.get("ranks", {}).items()},
+                   str(d.get("device", "")))
 
 
 def of_simulation(sim, index: int) -> CallStructure:
@@ -69,6 +75,15 @@ def of_simulation(sim, index: int) -> CallStructure:
     return CallStructure(f"simulate#{index} {name}", "simulate", sim.world_size, {sim.rank: steps})
 
 
-def of_benchmark(name: str, world_size: int, per_rank: Dict[int, List[StepStructure]]) -> CallStructure:
+def of_benchmark(name: str, world_size: int, per_rank: Dict[int, List[StepStructure]],
+                 device: str = "") -> CallStructure:
     """A ``dist.benchmark`` call's structure, from every rank's recorded steps."""
-    return CallStructure(f"benchmark {name}", "benchmark", world_size, dict(per_rank))
+    return CallStructure(f"benchmark {name}", "benchmark", world_size, dict(per_rank), device)
+
+
+def of_parity(strategy: str, index: int, world_size: int, per_rank: Dict[int, List[StepStructure]],
+              device: str = "") -> CallStructure:
+    """An ``assert_parity`` call's structure: per rank, per training step, what the strategy's forward,
+    backward and optimizer step issued (the one all-reduce that averages the loss for the report
+    included; the gathers that record gradients and parameters for the comparison not)."""
+    return CallStructure(f"parity#{index} {strategy}", "parity", world_size, dict(per_rank), device)

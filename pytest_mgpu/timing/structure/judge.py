@@ -5,8 +5,9 @@ the tolerance (0: exact). A difference is told per step, as a person reads it::
     29.0 MiB (+100%); peak 7.52 MiB -> 7.52 MiB (same) [simulate#0 fsdp_step, rank 0 of 1024]
     If this change is intended, record it: --mgpu-save-baselines
 
-A golden of another torch version is not judged (torch changes what its wrappers issue); no golden
-is "new". Neither fails a test.
+A golden of another torch version is not judged (torch changes what its wrappers issue), nor one
+recorded on ranks of another device type (CUDA ranks issue collectives CPU ranks do not, such as
+DTensor's RNG-state broadcast, and have a peak); no golden is "new". None of these fails a test.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import List, Literal, Optional
 from ..units import fmt_size
 from .figures import CallStructure, StepStructure
 
-Status = Literal["same", "changed", "new", "other torch", "recorded"]
+Status = Literal["same", "changed", "new", "other torch", "other device", "recorded"]
 RECORD = "If this change is intended, record it: --mgpu-save-baselines"
 
 

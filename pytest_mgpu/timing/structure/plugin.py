@@ -25,12 +25,14 @@ PROPERTY = "mgpu_structure"
 
 
 def calls_of(item) -> List[CallStructure]:
-    """The structures of the test's calls, in the order they ran: simulations, then benchmarks."""
+    """The structures of the test's calls: simulations, then benchmarks, then parity checks, each in the
+    order they ran."""
     found = [of_simulation(sim, i) for i, sim in enumerate(context.current().done)]
     handle = getattr(item, "funcargs", {}).get("dist")
     for m in getattr(handle, "measurements", None) or []:
         if getattr(m, "structure", None) is not None:
             found.append(m.structure)
+    found.extend(getattr(handle, "structures", None) or [])
     return found
 
 
@@ -65,6 +67,9 @@ class StructurePlugin:
         if self.save:
             return Verdict(test, now.call, "recorded")
         old, other = self.goldens.find(test, now.call)
+        if old is not None and old.device and now.device and old.device != now.device:
+            return Verdict(test, now.call, "other device", [
+                f"recorded on {old.device} ranks, these are {now.device}: not judged; record it on these"])
         if old is not None:
             return compare(test, old, now, self.settings.tolerance)
         if other is not None:
@@ -121,7 +126,7 @@ class StructurePlugin:
             return
         terminalreporter.section("pytest-mgpu structure")
         for v in self.verdicts:
-            why = f": {v.lines[0]}" if v.status == "other torch" and v.lines else ""
+            why = f": {v.lines[0]}" if v.status in ("other torch", "other device") and v.lines else ""
             terminalreporter.write_line(f"{v.test}  {v.call}  {v.status}{why}")
         new = sum(v.status == "new" for v in self.verdicts)
         if new and not self.save:

@@ -11,7 +11,7 @@ def markdown(verdicts: Sequence[dict]) -> str:
         return ""
     out: List[str] = ["## pytest-mgpu structure", "", "| test | call | verdict |", "| --- | --- | --- |"]
     out += [f"| `{v['test']}` | {v['call']} | {v['status']} |" for v in verdicts]
-    details = [f"- `{v['test']}` {v['call']}: {line}" for v in verdicts if v["status"] in ("changed", "other torch")
+    details = [f"- `{v['test']}` {v['call']}: {line}" for v in verdicts if v["status"] in ("changed", "other torch", "other device")
                for line in v.get("lines", [])]
     if details:
         out += ["", *details]
