@@ -41,8 +41,8 @@ REFERENCE = ReferenceSpec()
 REFERENCE_HASH = REFERENCE.digest()
 # On a GPU the gate judges the step's own median: x = ln(step median). The reference there is a few
 # microsecond-sized kernels whose time is launch latency, noisier than the step it would divide
-# (docs/design/timing-gate.md, "On a GPU"). Its launches carry this hash instead of REFERENCE_HASH, so a
-# history of one kind never judges the other.
+# (measured on an H200: docs/design/gpu-status.md, "Timing"). Its launches carry this hash instead of
+# REFERENCE_HASH, so a history of one kind never judges the other.
 UNNORMALIZED = ReferenceSpec(kind="none", size=0, reps=0)
 UNNORMALIZED_HASH = UNNORMALIZED.digest()
 
