@@ -5,6 +5,9 @@ A pass-through ``TorchDispatchMode`` sees every c10d op, whichever layer issued 
 ``c10d._reduce_scatter_base_``), DTensor's functional collectives and pipeline send/recv; the names
 and bytes are the simulated tier's (``simulate.wire``), so both tiers read the same. It is on only
 for the setup and the first steps of ``dist.benchmark`` (``StepRecorder``), never while timing.
+Work of our own that runs while a counter is on (the gathers that record a user's loop for
+``assert_same_training``) runs under ``quiet()``: every counter on in the process is paused, not
+popped (a mode cannot leave the stack while another mode sits above it).
 
 Peak memory is taken only on GPUs, from CUDA's caching allocator: the most a piece of work held at once
 above what was allocated when it began (``max_memory_allocated`` after a reset, less
@@ -15,8 +18,9 @@ ran first in its rank does not move its step 0 by that much. Real CPU ranks leav
 """
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
-from typing import Any, Callable, List, Sequence
+from typing import Any, Callable, Iterator, List, Sequence
 
 from .figures import StepStructure
 
@@ -27,8 +31,14 @@ def _dispatch_mode():
     return TorchDispatchMode
 
 
+_ON: List["CollectiveCounter"] = []  # the counters entered and not yet left, in this process
+
+
 class CollectiveCounter(_dispatch_mode()):  # type: ignore[misc]
-    """``with CollectiveCounter() as c: work()``; then ``c.counts`` and ``c.sent`` by op name."""
+    """``with CollectiveCounter() as c: work()``; then ``c.counts`` and ``c.sent`` by op name.
+    ``paused``: ops still pass through, uncounted (``quiet()``)."""
+
+    paused = False
 
     def __init__(self):
         super().__init__()
@@ -46,10 +56,31 @@ class CollectiveCounter(_dispatch_mode()):  # type: ignore[misc]
             return NotImplemented  # DTensor turns into local ops (and collectives) first
         out = func(*args, **(kwargs or {}))
         wire = self._ops.get(getattr(func, "_overloadpacket", None))
-        if wire is not None:
+        if wire is not None and not self.paused:
             self.counts[wire.name] += 1
             self.sent[wire.name] += self._sent_bytes(wire, args)
         return out
+
+    def __enter__(self):
+        _ON.append(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        _ON.remove(self)
+        return super().__exit__(*exc)
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Our own work inside counted work: every counter on in this process counts nothing meanwhile."""
+    held = [c for c in _ON if not c.paused]
+    for c in held:
+        c.paused = True
+    try:
+        yield
+    finally:
+        for c in held:
+            c.paused = False
 
 
 class StepRecorder:

@@ -5,9 +5,9 @@ crosses processes and goes to JSON as is."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Literal, Optional
+from typing import Dict, List, Literal, Optional, cast, get_args
 
-CallKind = Literal["simulate", "benchmark", "parity"]
+CallKind = Literal["simulate", "benchmark", "parity", "training"]
 
 
 @dataclass
@@ -58,7 +58,7 @@ class CallStructure:
     @classmethod
     def from_dict(cls, call: str, d: dict) -> "CallStructure":
         raw = d.get("kind")
-        kind: CallKind = "simulate" if raw == "simulate" else "parity" if raw == "parity" else "benchmark"
+        kind = cast(CallKind, raw) if raw in get_args(CallKind) else "benchmark"  # a file older than the kind
         return cls(call, kind, int(d.get("world_size", 0)),
                    {int(r): [StepStructure.from_dict(s) for s in steps] for r, steps in d.get("ranks", {}).items()},
                    str(d.get("device", "")))
@@ -87,3 +87,11 @@ def of_parity(strategy: str, index: int, world_size: int, per_rank: Dict[int, Li
     backward and optimizer step issued (the one all-reduce that averages the loss for the report
     included; the gathers that record gradients and parameters for the comparison not)."""
     return CallStructure(f"parity#{index} {strategy}", "parity", world_size, dict(per_rank), device)
+
+
+def of_training(name: str, index: int, world_size: int, per_rank: Dict[int, List[StepStructure]],
+                device: str = "") -> CallStructure:
+    """An ``assert_same_training`` call's structure: per rank, what the user's loop issued before its
+    first forward (``setup``) and in each training step up to the end of its ``optimizer.step()``
+    (the gathers that record gradients and parameters for the comparison not included)."""
+    return CallStructure(f"same_training#{index} {name}", "training", world_size, dict(per_rank), device)
