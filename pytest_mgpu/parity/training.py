@@ -67,6 +67,7 @@ def assert_same_training(dist, fn, reference_fn, *args, steps: int = 3, record: 
     _check_counts([("reference_fn (one process)", ref.side)] +
                   [(f"fn on rank {r}", side.side) for r, side in enumerate(ranks)], steps, how, dist.world_size)
     name = getattr(getattr(fn, "func", fn), "__name__", "fn")  # a functools.partial's function
+    keep_structure(dist, name, ranks)
     result = compare_sides([side.side for side in ranks], ref, name=name)
     plan = getattr(dist, "plan", None)
     where = plan.describe() if plan is not None else f"{dist.world_size} x {dist.device_type}"
@@ -78,6 +79,19 @@ def assert_same_training(dist, fn, reference_fn, *args, steps: int = 3, record: 
     if not report.passed:
         raise ParityError(report.failure_message(), report)
     return report
+
+
+def keep_structure(dist, name: str, ranks: List[SideResult]) -> None:
+    """The loop's collectives per rank and step, for the structure goldens (``timing.structure``);
+    none where a rank could not cut its steps (``record.counted``): never a partial one."""
+    kept = getattr(dist, "structures", None)
+    per_rank = {r: side.structure for r, side in enumerate(ranks) if side.structure is not None}
+    if kept is None or len(per_rank) != len(ranks):
+        return
+    from ..timing.structure.figures import of_training
+
+    index = sum(1 for s in kept if s.kind == "training")
+    kept.append(of_training(name, index, dist.world_size, per_rank, dist.device_type))
 
 
 def _resolve(steps, record: Optional[str], spawn: bool) -> Record:

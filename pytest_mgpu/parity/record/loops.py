@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Literal, Optional, Tuple
 
 from ..judge.distance import gap
 from ..precision import ieee_float32
+from .counted import LoopStructure
 from .loop_companions import LOW, float64_dispatch, split_sums
 from .recorder import Recorder, SideLog
 from ..records import Portable
@@ -56,6 +57,7 @@ class SideResult:
     shadow: List[Gaps] = field(default_factory=list)  # per step; empty where no float64 run counted
     twin: List[Gaps] = field(default_factory=list)  # per step; empty where no twin ran
     floor_notes: List[str] = field(default_factory=list)  # why no shadow; what measured the floor
+    structure: Optional[List[Any]] = None  # a rank's StepStructure per piece (counted.py); None: not counted
 
 
 class NoShadow(BaseException):
@@ -68,9 +70,10 @@ def run_loop(job: LoopJob) -> SideResult:
 
     ctx = rank_context()
     fn = job.fn.load()
+    counted = None if job.reference else LoopStructure(job.steps)
     with ieee_float32():
-        side, notes = run_side(job, fn, ctx.rank)
-        result = SideResult(side, notes)
+        side, notes = run_side(job, fn, ctx.rank, structure=counted)
+        result = SideResult(side, notes, structure=counted.result() if counted is not None else None)
         if job.reference:
             add_companions(result, job, fn, ctx.seed)
     return result
@@ -79,11 +82,14 @@ def run_loop(job: LoopJob) -> SideResult:
 def run_side(job: LoopJob, fn, rank: int, tag: str = "", mode=None,
              on_first: Optional[Callable[[SideLog], None]] = None,
              recorder: Optional[Callable[[Watch], StepRecorder]] = None,
-             watched: bool = True) -> Tuple[SideLog, List[str]]:
+             watched: bool = True, structure: Optional[LoopStructure] = None) -> Tuple[SideLog, List[str]]:
     """The user's loop once, recorded (under the dispatch ``mode`` of a companion, if any;
     ``record="optimizer"`` by ``recorder(watch)`` where given; ``watched=False``: no model, input or
-    loss hooks, for a recorder that only counts steps)."""
+    loss hooks, for a recorder that only counts steps; its collectives per step into ``structure``)."""
     lead = (rank,) if job.spawn and not job.reference else ()
+
+    def counting(side: SideLog):
+        return structure.counting(side) if structure is not None else contextlib.nullcontext()
 
     def loop() -> SideLog:
         watch = Watch()
@@ -91,7 +97,7 @@ def run_side(job: LoopJob, fn, rank: int, tag: str = "", mode=None,
                 (mode if mode is not None else contextlib.nullcontext()):
             if job.record == "optimizer":
                 steps = recorder(watch) if recorder else StepRecorder(job.steps, watch, on_first)
-                with steps.installed():
+                with steps.installed(), counting(steps.side):  # the counter's hooks after the recorder's
                     try:
                         fn(*lead, *job.args, **job.kwargs)
                     except StopTraining:
@@ -99,7 +105,8 @@ def run_side(job: LoopJob, fn, rank: int, tag: str = "", mode=None,
                 side = steps.side
             else:
                 log = Recorder(watch, on_first)
-                fn(*lead, log, *job.args, steps=job.steps, **job.kwargs)
+                with counting(log.side):
+                    fn(*lead, log, *job.args, steps=job.steps, **job.kwargs)
                 side = log.side
         side.set_epoch_calls = watch.set_epoch_calls
         side.sampler_passes = watch.sampler_passes

@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from ...timing.structure.counter import quiet
 from ..gather import full_tensor
 
 # Path components that only wrappers add: dropped from every name.
@@ -145,6 +146,10 @@ class Recorder:
         self.on_first = on_first  # called with the SideLog after the first step (the shadow's check)
 
     def __call__(self, model, loss) -> None:
+        with quiet():  # our gathers (and reading a DTensor loss): not the loop's collectives
+            self._record(model, loss)
+
+    def _record(self, model, loss) -> None:
         import torch
 
         if not isinstance(model, torch.nn.Module):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ...timing.structure.counter import quiet
 from .mesh import tp_peers
 from .recorder import SideLog, StepLog, clean_name, describe, dtype_name, fsdp1_full_params, full_copy, unwrap
 from .watch import Inputs, Watch
@@ -62,7 +63,8 @@ class StepRecorder:
     def installed(self):
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        handles = [register_optimizer_step_pre_hook(self._pre), register_optimizer_step_post_hook(self._post)]
+        handles = [register_optimizer_step_pre_hook(quietly(self._pre)),
+                   register_optimizer_step_post_hook(quietly(self._post))]
         try:
             yield self
         finally:
@@ -182,6 +184,17 @@ class StepRecorder:
         if [tuple(p.shape) for p in foreign] == [tuple(p.shape) for _, p in unstepped]:
             return {id(p): n for p, (n, _) in zip(foreign, unstepped)}
         return {}
+
+
+def quietly(hook: Callable) -> Callable:
+    """``hook`` with every collective counter paused (``assert_same_training``'s structure): what
+    the recorder gathers is ours, not the loop's."""
+
+    def run(*args):
+        with quiet():
+            return hook(*args)
+
+    return run
 
 
 def _local(p):

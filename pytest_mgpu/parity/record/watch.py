@@ -26,6 +26,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Tuple
 
+from ...timing.structure.counter import quiet
 from ..gather import full_tensor
 
 @dataclass
@@ -171,11 +172,13 @@ class Watch:
 
     def saw_loss(self, loss, caller: str) -> None:
         self.loss = loss
-        self._inputs.losses.append(float(loss.reshape(()).double().item()))
+        with quiet():  # reading a DTensor loss may gather it: ours, not the loop's
+            self._inputs.losses.append(float(loss.reshape(()).double().item()))
         self._inputs.pipeline = self._inputs.pipeline or caller.startswith("torch.distributed.pipelining")
 
     def saw_clip(self, total, max_norm) -> None:
-        norm = full_tensor(total)
+        with quiet():
+            norm = full_tensor(total)
         self._inputs.clips.append((float(norm), float(max_norm)))
 
     def model_roots(self) -> List[Any]:

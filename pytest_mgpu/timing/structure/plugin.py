@@ -2,7 +2,8 @@
 
 ``pytest_mgpu.plugin`` calls ``StructurePlugin.configure`` from ``pytest_configure``. After a test's
 call, where it ran (an xdist worker, or the only process), every ``simulate()`` call of the test (in
-order: ``simulate#0 <fn>``, ``simulate#1 <fn>``...) and every ``dist.benchmark`` (``benchmark <name>``)
+order: ``simulate#0 <fn>``, ``simulate#1 <fn>``...), every ``dist.benchmark`` (``benchmark <name>``),
+``assert_parity`` (``parity#0 <strategy>``) and ``assert_same_training`` (``same_training#0 <fn>``)
 is judged against its golden (``judge``); a change fails the test. Verdicts, and under
 ``--mgpu-save-baselines`` the structures, travel to the controller in ``report.user_properties``
 (JSON text), which saves them (tests that passed only) and reports. Public pytest API only.
@@ -25,8 +26,8 @@ PROPERTY = "mgpu_structure"
 
 
 def calls_of(item) -> List[CallStructure]:
-    """The structures of the test's calls: simulations, then benchmarks, then parity checks, each in the
-    order they ran."""
+    """The structures of the test's calls: simulations, then benchmarks, then parity and same-training
+    checks, each in the order they ran."""
     found = [of_simulation(sim, i) for i, sim in enumerate(context.current().done)]
     handle = getattr(item, "funcargs", {}).get("dist")
     for m in getattr(handle, "measurements", None) or []:
