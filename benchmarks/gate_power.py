@@ -153,11 +153,10 @@ def _phase(me, plan, bench, n_burners: int, budget_s: float, args, save, phases:
             t_round = time.perf_counter()
             bench.new_sets()  # new sets of ranks every round: their own speed varies as between CI jobs
             for c in rng.sample(conditions, len(conditions)):
-                step_s = None
                 if "history" in args.lanes:
-                    step_s = _take(phase, "launches", c, r, lambda: _history_launch(me, plan, c, args.min_run_time))
+                    _take(phase, "launches", c, r, lambda: _history_launch(me, plan, c, args.min_run_time))
                 if "revision" in args.lanes:
-                    _take(phase, "duets", c, r, lambda: bench.duet(c, rng, step_s))
+                    _take(phase, "duets", c, r, lambda: bench.duet(c, rng))
             last, r = time.perf_counter() - t_round, r + 1
             phase["wall_s"], phase["load_after"] = time.perf_counter() - t0, os.getloadavg()[0]
             save()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import random
-import statistics
 import subprocess
 import tempfile
 from typing import Dict, List, Optional
@@ -103,7 +102,6 @@ class RevisionBench:
         self.trees: List[str] = []
         self.store = StoreServer()
         self.sets: list = []
-        self.last_step: Dict[float, float] = {}
 
         def version(name: str, commit: str) -> "Version":
             tree = worktree.add(repo, commit)
@@ -121,22 +119,19 @@ class RevisionBench:
             launcher.close()
         self.sets = [PoolLauncher(), PoolLauncher()]
 
-    def duet(self, slowdown: float, rng: random.Random, step_s: Optional[float] = None) -> dict:
-        """One trial as pytest's lane runs it: the budget from ``min_run_time`` and the step's time
-        (``step_s``: the history lane's median of the same condition), unless a fixed one was given."""
+    def duet(self, slowdown: float, rng: random.Random) -> dict:
+        """One trial as pytest's lane runs it: the budget from ``min_run_time`` (each block holding
+        at least its share of PAIRS_GOAL pairs), unless a fixed one was given."""
         import pickle
 
         from pytest_mgpu.timing.inrank import LoopConfig
         from pytest_mgpu.timing.pairing import judge_pairs
         from pytest_mgpu.timing.revision import lane_budget, run_duet
 
-        step_s = step_s or self.last_step.get(slowdown)  # without a history lane: the last trial's
-        budget = self.budget_s or lane_budget(self.min_run_time, step_s)
+        budget = self.budget_s or lane_budget(self.min_run_time)
         d = run_duet(self.heads[slowdown], self.base, self.sets, self.spec, pickle.dumps(((), {})),
                      LoopConfig(None, None, 0.25), budget, self.store, rng, self.threshold, forget=tuple(self.trees))
         v = judge_pairs(d.head, d.base, self.threshold, d.blocks)
-        if d.head_samples:
-            self.last_step[slowdown] = statistics.median(d.head_samples)
         return {"slowdown": slowdown, "pairs_head": d.head, "pairs_base": d.base, "pairs_block": d.blocks,
                 "iterations": d.iterations, "head_first": d.head_first, "wall_s": d.wall_s, "budget_s": budget,
                 "verdict": v.to_dict()}

@@ -126,8 +126,8 @@ PLOT = Option("mgpu_plot", "--mgpu-plot", "draw PNG charts of the timings into D
               ini=None, cli={"metavar": "DIR"})
 AGAINST = Option(
     "mgpu_against", "--mgpu-against",
-    "measure every dist.benchmark also against git revision REV (e.g. origin/main), interleaved in a "
-    f"second set of ranks, and judge the change by the head/base ratio (ini mgpu_against, env {ENV_AGAINST})",
+    "measure every dist.benchmark against git revision REV (e.g. origin/main): working tree and REV take turns in "
+    f"two sets of ranks, the head/base ratio judges; not saved to a history (ini mgpu_against, env {ENV_AGAINST})",
     ini_help="git revision to measure every dist.benchmark against: see --mgpu-against", env=ENV_AGAINST,
     cli={"metavar": "REV"})
 TIMING_OPTIONS: Final = (BASELINES, SAVE_BASELINES, REGRESSION, GATE, REPORT, PLOT, AGAINST)

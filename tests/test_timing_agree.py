@@ -196,3 +196,24 @@ def test_this_machine_uses_its_own_committed_file_when_there_is_one():
         assert found is not None and found.path == own and source == own.name
     elif found is not None:
         assert found.fingerprint.same_hardware(fp) and "same hardware" in source, source
+
+
+def test_a_measurement_of_the_revision_lane_is_judged_by_its_pairs_never_by_the_history_or_saved(tmp_path):
+    """Under --mgpu-against the lane's head turns are the measurement: a history that would call it
+    slower is not consulted, and a save leaves its history as it was."""
+    store = _store(tmp_path, {"lane": _hist(8, 3, sd=0.005)})
+    state = TimingState(TimingSettings(baselines_dir=tmp_path / "baselines"), lambda device_type: FP)
+    m = _measurement("lane", math.log(1.5))
+    m.lane_only, m.reference_samples, m.reference_hash = True, [], ""
+    (d,) = state.judge([m])
+    assert d["verdict"]["status"] == "new" and d["lane_only"] and state.problems([d]) == ([], [])
+    state.collect("t.py::test_lane", "passed", state.properties([d]))
+    lines = state.save_baselines(None, "0.1.0")
+    assert any("1 measurement(s) of the revision lane not saved" in line for line in lines), lines
+    doc = json.loads(store.path_for(FP).read_text())["entries"]
+    assert len(doc[_task("lane").key]["launches"]) == 8
+    report = tmp_path / "report.json"  # compare agrees, and reads no launch from it
+    report.write_text(json.dumps({"format": "pytest-mgpu timing report 2", "rows": [], "measurements": [d]}))
+    new = compare.load(report)
+    assert not new.launches and compare.judge_pair(compare.load(store.path_for(FP)), new, d["key"], 0.10)[
+        "verdict"]["status"] == "new"

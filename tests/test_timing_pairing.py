@@ -94,13 +94,24 @@ def test_unequal_pairs_are_refused():
         judge_pairs([1.0, 2.0], [1.0], 0.10)
 
 
-def test_the_lane_budget_holds_enough_pairs_of_a_slow_step():
-    from pytest_mgpu.timing.revision import BUDGET_FACTOR, PAIRS_GOAL, lane_budget
+def test_the_lane_budget_is_min_run_time_and_a_block_holds_its_pairs_however_slow():
+    from pytest_mgpu.timing.revision import BUDGET_FACTOR, lane_budget
+    from pytest_mgpu.timing.revision_rank import Turns, _Referee
 
-    assert lane_budget(0.4, 0.01) == BUDGET_FACTOR * 0.4  # a fast step: min_run_time decides
-    assert lane_budget(0.4, None) == BUDGET_FACTOR * 0.4  # no history measurement to size it by
-    slow = lane_budget(0.4, 0.5)
-    assert slow >= PAIRS_GOAL * 2 * 0.5 > BUDGET_FACTOR * 0.4
+    assert lane_budget(0.4) == BUDGET_FACTOR * 0.4
+
+    class Store(dict):
+        def set(self, k, v):
+            self[k] = v.encode() if isinstance(v, str) else v
+
+    referee = _Referee.__new__(_Referee)
+    referee.turns = Turns("h", 0, "p", "head", 1, budget_s=0.0, turn_s=0.02, wait_s=1.0, pairs_goal=5)
+    referee.store, referee.deadline = Store(), 0.0  # the deadline has passed
+    assert not any(referee.hand_over(t, 0.1) for t in range(9))  # 4 pairs: fewer than the goal, go on
+    assert referee.hand_over(9, 0.1)  # the fifth pair ends the block
+    assert referee.store["go/10"] == b"stop" and referee.store["go/11"] == b"stop"
+    referee.store, referee.deadline = Store(), float("inf")  # the time budget not spent: the goal alone is not enough
+    assert not any(referee.hand_over(t, 0.1) for t in range(40))
 
 
 def _swapped(n_per_block, blocks, ratio, set_bias, sd=0.02, seed=5):

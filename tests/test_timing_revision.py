@@ -112,6 +112,12 @@ def test_the_lane_row_new_benchmarks_a_dirty_tree_and_no_worktree_left(pytester,
     else:
         result.assert_outcomes(passed=3)
     assert rows["new_step"]["verdict"]["status"] == "new" and "cannot be imported at HEAD@" in out
+    # the lane's head side is the measurement (no in-run reference, not the history's); a new one is timed as usual
+    meas = {m["task"]["name"]: m for m in doc["measurements"]}
+    assert meas["step_factory"]["lane_only"] and not meas["step_factory"]["reference_samples_s"]
+    assert len(meas["step_factory"]["samples_s"]) >= 10 and meas["step_factory"]["peak_mem_bytes"][0] > 0
+    assert not meas["new_step"]["lane_only"] and meas["new_step"]["reference_samples_s"]
+    assert sum(1 for row in doc["rows"] if row["name"] == "step_factory") == 1  # no history row
     assert rows["fresh_step"]["verdict"]["status"] == "new"
     assert f"new in this change: work2.py does not exist at HEAD@{base}" in out
     result.stdout.fnmatch_lines(["*revision lane: vs HEAD (*); head: the working tree with 3 uncommitted change(s)*",
@@ -238,4 +244,26 @@ def test_code_that_cannot_be_imported_twice_is_measured_without_the_swap(pyteste
     assert v["status"] in ("slower", "unstable"), v  # 6x the work, judged
     assert "measured without swapping the sets of ranks" in v["note"] and "already imported" in v["note"], v
     assert "base failed" not in result.stdout.str()
+    assert worktrees(r) == [str(r)]
+
+
+def test_a_benchmark_whose_imported_code_is_revs_is_unchanged_after_one_block(pytester, repo):
+    """Only a file its ranks never import changed: the lane stops after its first block and the row is
+    "unchanged" (a pass, its pairs shown, not judged), saying what was compared. A change to the
+    imported file is measured in full (the first test of this file)."""
+    r, _ = repo
+    (r / "helper.py").write_text("def unused():\n    return 1\n")  # untracked, never imported
+    (r / "NOTES.md").write_text("docs\n")
+    result = pytester.runpytest("--mgpu-fallback=cpu", "--mgpu-against=HEAD", "--mgpu-report=out.json", "test_perf.py")
+    result.assert_outcomes(passed=1)
+    doc = json.loads((r / "out.json").read_text())
+    (m,) = doc["measurements"]
+    v = m["revision"]["verdict"]
+    assert v["status"] == "unchanged" and set(m["revision"]["pairs_block"]) == {0}, v
+    assert v["note"].startswith("the 1 file(s) of the repository its ranks imported are the same at HEAD@")
+    assert v["note"].endswith("(1 Python file(s) differ, none of them imported)")
+    assert m["lane_only"] and m["samples_s"]
+    (call,) = doc["structure"]  # recorded while the head set up in the first block
+    assert call["call"] == "benchmark step_factory" and call["status"] == "new", call
+    result.stdout.fnmatch_lines(["*test_mm*vs HEAD@* +dirty*unchanged*"])
     assert worktrees(r) == [str(r)]

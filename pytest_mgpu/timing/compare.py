@@ -56,8 +56,9 @@ def _from_baseline(f: BaselineFile) -> Side:
 def _from_report(doc: dict) -> Side:
     latest = {d["key"]: dict(d) for d in doc.get("measurements", [])}
     launches = {k: [(d.get("x"), d.get("reference_hash") or None, d["median_s"])] for k, d in latest.items()
-                if not d.get("unstable") and (d.get("verdict") or {}).get("status") != rule.Status.NOISY.value}
-    # pytest never records an unstable or a noisy launch into a history
+                if not d.get("unstable") and not d.get("lane_only")
+                and (d.get("verdict") or {}).get("status") != rule.Status.NOISY.value}
+    # pytest never records an unstable, a noisy or a revision lane's launch into a history
     return Side(latest, launches)
 
 
@@ -78,6 +79,8 @@ def judge_pair(old: Side, new: Side, key: str, threshold: float) -> dict:
     same_ref = [(x, med) for x, h, med in old.launches.get(key, []) if (h or "") == (d.get("reference_hash") or "")]
     prior = d.get("verdict") or {}
     v = rule.decide(d.get("x"), [x for x, _ in same_ref], threshold, d.get("unstable") or "", prior.get("x_again"))
+    if d.get("lane_only"):  # the revision lane's head turns: its pairs judge it, as in pytest
+        v = rule.HistoryVerdict(rule.Status.NEW, None, 0, threshold)
     meds = sorted(med for _, med in same_ref)
     old_samples = (old.latest.get(key) or {}).get("samples_s")
     p = mann_whitney(d["samples_s"], old_samples).p_greater if d.get("samples_s") and old_samples else None
@@ -93,8 +96,8 @@ def judge_pair(old: Side, new: Side, key: str, threshold: float) -> dict:
 
 def rejudge_revision(r: dict, threshold: float) -> dict:
     """A revision-lane result judged again from its pairs (at ``threshold``), as pytest judged it."""
-    if not r.get("pairs_head"):
-        return r  # new, or the base failed: nothing to judge
+    if not r.get("pairs_head") or r["verdict"].get("status") == RevisionStatus.UNCHANGED.value:
+        return r  # new, the base failed, or REV's own code: nothing to judge
     blocks = r.get("pairs_block") or None  # reports written before blocks: one block
     return dict(r, verdict=judge_pairs(r["pairs_head"], r["pairs_base"], threshold, blocks).to_dict())
 

@@ -191,18 +191,11 @@ def rank_loop(fn_ref: FnRef, args: tuple, kwargs: dict, loop: LoopConfig) -> Ran
     import torch
 
     from .._context import rank_context
-    from .structure.counter import StepRecorder
 
     ctx = rank_context()
     fn = fn_ref.resolve()
     clock = Clock(ctx)
-    recorder = StepRecorder(clock.cuda)  # the call's structure: setup and MEM_STEPS steps, same on every run
-    if ctx.device_type == "cuda":
-        step, peak, source = recorder.run("setup", lambda: _make_step(fn, args, kwargs)), None, "cuda max_memory_allocated"
-        for i in range(MEM_STEPS):
-            recorder.run(f"step {i}", step)
-    else:
-        step, peak, source = setup_with_peak(fn, args, kwargs, recorder)
+    step, peak, source, structure = recorded_setup(ctx, clock, fn, args, kwargs)
     warm = warm_up(clock, step, loop)
     repeat = loop.repeat
     if repeat is None and warm:
@@ -214,7 +207,25 @@ def rank_loop(fn_ref: FnRef, args: tuple, kwargs: dict, loop: LoopConfig) -> Ran
     samples, refs = _timed(clock, step, loop, repeat)
     if ctx.device_type == "cuda":
         peak = sum(torch.cuda.max_memory_allocated(i) for i in clock.cuda)
-    return RankTiming(ctx.rank, samples, warm, peak, source, refs, recorder.steps)
+    return RankTiming(ctx.rank, samples, warm, peak, source, refs, structure)
+
+
+def recorded_setup(ctx, clock: "Clock", fn, args: tuple,
+                   kwargs: dict) -> Tuple[Callable[[], Any], Optional[int], str, List[StepStructure]]:
+    """Set the step up and run it MEM_STEPS times, recording the call's structure (the setup and each
+    step, the same on every run) and, on CPU ranks, the peak of tensor memory (``setup_with_peak``).
+    Returns (step, peak bytes or None, where the peak comes from, structure). On GPUs the peak is
+    None here: the caller takes it from CUDA's allocator over the timed iterations."""
+    from .structure.counter import StepRecorder
+
+    recorder = StepRecorder(clock.cuda)
+    if ctx.device_type == "cuda":
+        step = recorder.run("setup", lambda: _make_step(fn, args, kwargs))
+        for i in range(MEM_STEPS):
+            recorder.run(f"step {i}", step)
+        return step, None, "cuda max_memory_allocated", recorder.steps
+    step, peak, source = setup_with_peak(fn, args, kwargs, recorder)
+    return step, peak, source, recorder.steps
 
 
 def _timed(clock: "Clock", step: Callable[[], Any], loop: LoopConfig,

@@ -14,7 +14,7 @@ import functools
 import math
 import statistics
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..launch.protocol import pack_call
 from .inrank import DEFAULT_MIN_RUN_TIME, LoopConfig, RankTiming, rank_loop
@@ -95,6 +95,7 @@ class Measurement:
     remeasure: Optional[Callable[[], "Measurement"]] = field(default=None, repr=False, compare=False)
     revision: Optional["RevisionResult"] = None  # --mgpu-against: the head/base pairs and their verdict
     structure: Optional[CallStructure] = field(default=None, repr=False, compare=False)  # timing.structure
+    lane_only: bool = False  # the samples are the revision lane's head turns: judged by the lane, not the history
 
     @property
     def reference_median(self) -> Optional[float]:
@@ -188,6 +189,7 @@ class Measurement:
             "unstable": self.unstable,
             "remeasured": self.remeasured,
             "revision": self.revision.to_dict() if self.revision is not None else None,
+            "lane_only": self.lane_only,
         }
 
     @classmethod
@@ -201,7 +203,8 @@ class Measurement:
         return cls(task, list(d["samples_s"]), [list(s) for s in d["rank_samples_s"]], d["warmup"],
                    list(d.get("peak_mem_bytes", [])), d.get("mem_source", ""),
                    list(d.get("reference_samples_s") or []), d.get("reference_hash", ""),
-                   d.get("unstable", ""), d.get("remeasured", 0), revision=revision)
+                   d.get("unstable", ""), d.get("remeasured", 0), revision=revision,
+                   lane_only=bool(d.get("lane_only")))
 
 
 def instability(samples: Sequence[float]) -> str:
@@ -271,7 +274,7 @@ def benchmark(
         defaults to the test's name, so ``world_sizes(1, 2, 4)`` variants compare with each other.
     single_process: run one process that sees all the test's devices (DataParallel, model
         parallel) instead of one rank per device.
-    timeout: seconds for the whole call, as in ``dist.run``.
+    timeout: seconds for the whole call, as in ``dist.run``. (Under ``--mgpu-against`` the lane times it.)
     """
     __tracebackhide__ = True
     if getattr(getattr(dist, "plan", None), "shared_gpus", 0):
@@ -283,7 +286,9 @@ def benchmark(
     batch_size = _positive_int("batch_size", batch_size, allow_zero=False)
     ref, payload = pack_call(fn, args, kwargs)  # clear errors for unsendable functions and arguments
     run = functools.partial(_launch, dist, ref, args, kwargs, loop, single_process, timeout)
-    timings = run()
+    revision, timings = _lane_timings(dist, ref, payload, loop, single_process, timeout)
+    lane_only = bool(timings)  # the lane's head side is the measurement: its pairs judge it, not the history
+    timings = timings or run()
     recorded: Optional[List[Measurement]] = getattr(dist, "measurements", None)
     strategy = strategy or name or fn.__name__
     label = getattr(dist, "label", "dist.benchmark")
@@ -294,17 +299,27 @@ def benchmark(
         batch_size=batch_size, params=dict(params or {}), warmup=loop.warmup, repeat=loop.repeat,
         min_run_time=loop.min_run_time,
     )
-    m = _assemble(task, timings)
+    m = _assemble(task, timings, lane_only=lane_only)
     if m.unstable:  # once more; if it stays unstable it is marked, and never judged or saved
         m = _assemble(task, run(), remeasured=1)
-    m.remeasure = functools.partial(_remeasure, task, run, m.remeasured)
-    lane = getattr(dist, "against", None)  # --mgpu-against: set on the test's dist by timing.plugin
-    if lane is not None:
-        m.revision = lane.measure(dist, ref, payload, loop, single_process, timeout,
-                                  step_s=statistics.median(m.samples) if m.samples else None)
+    if not m.lane_only:
+        m.remeasure = functools.partial(_remeasure, task, run, m.remeasured)
+    m.revision = revision
     if recorded is not None:
         recorded.append(m)
     return m
+
+
+def _lane_timings(dist, ref, payload: bytes, loop: LoopConfig, single_process: bool,
+                  timeout) -> Tuple[Optional["RevisionResult"], List[RankTiming]]:
+    """Under ``--mgpu-against``: the revision lane's measurement and its head side's timings, which
+    are the benchmark's (none where the lane timed nothing: new in this change, or REV failed)."""
+    lane = getattr(dist, "against", None)  # set on the test's dist by timing.plugin
+    if lane is None:
+        return None, []
+    revision, timings = lane.measure(dist, ref, payload, loop, single_process, timeout)
+    refuse_non_finite(timings)
+    return revision, timings
 
 
 def _loop_config(warmup, repeat, min_run_time) -> LoopConfig:
@@ -342,8 +357,9 @@ def _reference_hash(task: TaskSpec, timings: Sequence[RankTiming]) -> str:
     return gate_reference_hash(task.device_type, task.emulated)
 
 
-def _assemble(task: TaskSpec, timings: Sequence[RankTiming], remeasured: int = 0) -> Measurement:
-    """One Measurement from every rank's timings: per iteration, the slowest rank's time."""
+def _assemble(task: TaskSpec, timings: Sequence[RankTiming], remeasured: int = 0, lane_only: bool = False) -> Measurement:
+    """One Measurement from every rank's timings: per iteration, the slowest rank's time. ``lane_only``:
+    the revision lane's head turns, which its pairs judge (never unstable for the history)."""
     m = Measurement(
         task=task,
         samples=[max(col) for col in zip(*(t.samples for t in timings))],
@@ -357,7 +373,8 @@ def _assemble(task: TaskSpec, timings: Sequence[RankTiming], remeasured: int = 0
         structure=of_benchmark(task.name, task.world_size, {t.rank: list(t.structure) for t in timings},
                                task.device_type),
     )
-    m.unstable = instability(m.samples)
+    m.lane_only = lane_only
+    m.unstable = "" if lane_only else instability(m.samples)
     return m
 
 

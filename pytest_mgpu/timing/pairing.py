@@ -57,6 +57,7 @@ class RevisionStatus(str, Enum):
     UNSTABLE = "unstable"  # interval wider than the "same" band, or too few pairs: not judged
     NEW = "new"  # the file or function does not exist at REV: a benchmark new in this change
     BASE_FAILED = "base failed"  # REV's code raised while being set up or timed: not judged
+    UNCHANGED = "unchanged"  # the code the head's ranks imported is REV's (``changes``): a pass, not measured further
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import contextlib
 import importlib
 import os
 import sys
-from typing import Iterator, List, Optional, Sequence, Set
+from typing import Iterator, List, Optional, Sequence, Set, Tuple
 
 OWN_PACKAGE = "pytest_mgpu"
 
@@ -91,18 +91,13 @@ def _installed(path: str) -> bool:
     return bool(INSTALLED_DIRS.intersection(path.split(os.sep))) or _inside(path, _PREFIXES)
 
 
-def forget_modules(roots: Sequence[str]) -> List[str]:
-    """Drop from ``sys.modules`` every module whose file lies under one of ``roots`` (the
-    repository's working tree and REV's worktree), except pytest-mgpu's own and installed packages
-    (``_installed``: a virtual environment inside the repository). Returns their names.
-
-    The next import of such a module runs its file again, from whichever folder is first on
-    ``sys.path``. A compiled extension module cannot be loaded twice in one process: it is left in
-    place, so the user's own C extensions are the head's on both sides."""
+def _repository_modules(roots: Sequence[str]) -> List[Tuple[str, str]]:
+    """(name, real path) of every module loaded from under ``roots``, except pytest-mgpu's own and
+    installed packages (``_installed``: a virtual environment inside the repository)."""
     real = [os.path.realpath(r) for r in roots if r]
     if not real:
         return []
-    gone = []
+    found = []
     for name, module in list(sys.modules.items()):
         if name == OWN_PACKAGE or name.startswith(OWN_PACKAGE + "."):
             continue
@@ -113,8 +108,27 @@ def forget_modules(roots: Sequence[str]) -> List[str]:
             continue
         path = os.path.realpath(file)
         if _inside(path, real) and not _installed(path):
-            del sys.modules[name]
-            gone.append(name)
+            found.append((name, path))
+    return found
+
+
+def repository_files(roots: Sequence[str]) -> List[str]:
+    """The files of the modules ``forget_modules`` would drop: what this rank imported from the
+    repository (``changes``: is it REV's code?)."""
+    return sorted({path for _, path in _repository_modules(roots)})
+
+
+def forget_modules(roots: Sequence[str]) -> List[str]:
+    """Drop from ``sys.modules`` every module whose file lies under one of ``roots`` (the
+    repository's working tree and REV's worktree), except pytest-mgpu's own and installed packages
+    (``_installed``: a virtual environment inside the repository). Returns their names.
+
+    The next import of such a module runs its file again, from whichever folder is first on
+    ``sys.path``. A compiled extension module cannot be loaded twice in one process: it is left in
+    place, so the user's own C extensions are the head's on both sides."""
+    gone = [name for name, _ in _repository_modules(roots)]
+    for name in gone:
+        del sys.modules[name]
     if gone:
         importlib.invalidate_caches()
     return gone

@@ -12,8 +12,10 @@ moves; a hand-over through the store costs about a millisecond, so the head and 
 pair are measured back to back.
 
 The side that ends pair p past the block's budget (a deadline on the machine's monotonic clock, the same
-for every process) writes "stop" for the next turns of both sides. Only rank 0 of a side talks to
-the store; it tells its peers with an all-reduce, so every rank runs the same collectives.
+for every process), with at least ``Turns.pairs_goal`` pairs taken, writes "stop" for the next turns of
+both sides. A turn's iterations are sized from the last warm-up iteration (its barrier included). Only
+rank 0 of a side talks to the store; it tells its peers with an all-reduce, so every rank runs the same
+collectives.
 
 The user's function and arguments travel as a reference and pickled bytes and are resolved here,
 after the base's folders were put first on ``sys.path``: REV's modules, not the working tree's, are
@@ -24,6 +26,7 @@ times anything: the benchmark is new in this change.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 import pickle
@@ -33,11 +36,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import List, Optional, Tuple
+from typing import Iterator, List, Optional, Set, Tuple
 
 from ..launch.protocol import FnRef
-from .inrank import Clock, LoopConfig, warm_up
-from .ranksets import forget_modules, pinned
+from .inrank import Clock, LoopConfig, recorded_setup, warm_up
+from .ranksets import forget_modules, pinned, repository_files
+from .structure.figures import StepStructure
 
 
 
@@ -61,6 +65,8 @@ class Turns:
     turn_s: float  # a turn's iterations are sized to last about this long
     wait_s: float  # how long a side waits for the other before giving up (the call's limit)
     max_pairs: int = 100_000
+    pairs_goal: int = 0  # the block holds at least this many pairs, however long they take
+    record: bool = False  # this side's setup and first steps give the call's structure and peak memory
 
     def owner(self, t: int) -> str:
         return turn_owner(self.seed, t)
@@ -80,6 +86,10 @@ class DuetTiming:
     iterations: int = 0
     warmup_samples: List[float] = field(default_factory=list)
     missing: str = ""  # this side cannot resolve the function (why); "other": the other side cannot
+    structure: List[StepStructure] = field(default_factory=list)  # ``Turns.record``: setup and first steps
+    peak_mem_bytes: Optional[int] = None
+    mem_source: str = ""
+    imported: List[str] = field(default_factory=list)  # ``Turns.record``: the repository's files it imported
 
 
 def _put_first(path_first: Tuple[str, ...]) -> None:
@@ -125,25 +135,38 @@ class _Referee:
 
     def hand_over(self, t: int, median: float) -> bool:
         """After turn t (its slowest-rank median): the next turn may run, or both sides stop (True:
-        this side stops): at the end of the first pair that ends past the deadline."""
+        this side stops): at the end of the first pair that ends past the deadline with at least
+        ``pairs_goal`` pairs taken."""
         if self.store is None:
             return False
         self.store.set(f"med/{t}", repr(median))
-        done = t % 2 == 1 and (time.monotonic() >= self.deadline or (t + 1) // 2 >= self.turns.max_pairs)
+        pairs = (t + 1) // 2
+        done = t % 2 == 1 and ((time.monotonic() >= self.deadline and pairs >= self.turns.pairs_goal)
+                               or pairs >= self.turns.max_pairs)
         self.store.set(f"go/{t + 1}", "stop" if done else "run")
         if done:
             self.store.set(f"go/{t + 2}", "stop")  # the other side's next turn is t + 1 or t + 2
         return done
 
 
-def _iterations(clock: Clock, step, turn_s: float, probes: int = 3) -> int:
-    """Iterations that fill a turn of ``turn_s``, from the wall time of a few, barriers included: for a
-    sub-millisecond step the barrier before each iteration (1-2 ms at load 5) is most of a turn."""
-    t0 = time.perf_counter()
-    for _ in range(probes):
-        clock.time(step)
-    wall = clock.agree_max((time.perf_counter() - t0) / probes)
+def _iterations(turn_s: float, wall: float) -> int:
+    """Iterations that fill a turn of ``turn_s``, from one iteration's wall time, barriers included:
+    for a sub-millisecond step the barrier before each iteration (1-2 ms at load 5) is most of a turn."""
     return max(1, min(500, round(turn_s / max(wall, 1e-9))))
+
+
+def _warm(clock: Clock, step, loop: LoopConfig) -> Tuple[List[float], float]:
+    """Warm-up iterations, and the slowest rank's wall time of the last one (its barrier included),
+    which sizes the turns; with no warm-up (``warmup=0``), one iteration is run to measure it."""
+    samples = warm_up(clock, step, loop)
+    t0 = time.perf_counter()
+    if samples:
+        clock.align()  # what ``Clock.time`` adds to the step: the barrier and the device sync
+        wall = samples[-1] + time.perf_counter() - t0
+    else:
+        clock.time(step)
+        wall = time.perf_counter() - t0
+    return samples, clock.agree_max(wall)
 
 
 def duet_loop(fn_ref: FnRef, payload: bytes, path_first: Tuple[str, ...], forget: Tuple[str, ...], loop: LoopConfig,
@@ -153,10 +176,32 @@ def duet_loop(fn_ref: FnRef, payload: bytes, path_first: Tuple[str, ...], forget
     from .._context import rank_context
 
     ctx = rank_context()
-    with pinned(ctx.rank, ctx.world_size):
+    with pinned(ctx.rank, ctx.world_size) as cores, spare_core(cores):
         forget_modules(forget)
         _put_first(path_first)
-        return _take_turns(ctx, fn_ref, payload, loop, turns)
+        out = _take_turns(ctx, fn_ref, payload, loop, turns)
+        if turns.record:
+            out.imported = repository_files(forget)  # after the steps: their lazy imports too
+        return out
+
+
+@contextlib.contextmanager
+def spare_core(cores: Optional[Set[int]]) -> Iterator[None]:
+    """Intra-op threads for one core fewer than the rank is pinned to (at least one), then back. Why:
+    at every hand-over the other side, the store and the test process need a moment of CPU; with a
+    thread on every core one of them waits behind that, and a turn takes its time. Measured on 2 cores
+    (one 1-rank set pinned to both): MobileNetV2's pairs scattered with a log sd of 0.27-0.46 on 2
+    threads (turns of 45 or 67 ms) and 0.08-0.09 on one; 3 of 4 such rows needed 3x the budget to
+    settle on 2 threads, none on one."""
+    import torch
+
+    before = torch.get_num_threads()
+    if cores and len(cores) > 1:
+        torch.set_num_threads(min(before, len(cores) - 1))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _take_turns(ctx, fn_ref: FnRef, payload: bytes, loop: LoopConfig, turns: Turns) -> DuetTiming:
@@ -169,25 +214,42 @@ def _take_turns(ctx, fn_ref: FnRef, payload: bytes, loop: LoopConfig, turns: Tur
         referee.meet("missing")
         return out
     args, kwargs = pickle.loads(payload)
-    made = fn(*args, **kwargs)
-    step = made if callable(made) else (lambda: fn(*args, **kwargs))
     clock = Clock(ctx)
-    out.warmup_samples = warm_up(clock, step, loop)
-    out.iterations = int(clock.agree_max(float(_iterations(clock, step, turns.turn_s))))
+    if turns.record:
+        step, out.peak_mem_bytes, out.mem_source, out.structure = recorded_setup(ctx, clock, fn, args, kwargs)
+    else:
+        made = fn(*args, **kwargs)
+        step = made if callable(made) else (lambda: fn(*args, **kwargs))
+    out.warmup_samples, wall = _warm(clock, step, loop)
+    out.iterations = _iterations(turns.turn_s, wall)
     if not clock.agree_max(1.0 if referee.meet("ok") else 0.0):
         out.missing = out.missing or "other"
         return out
+    if turns.record and clock.cuda:  # the head's peak over its turns, as ``rank_loop`` takes it
+        import torch
+
+        for i in clock.cuda:
+            torch.cuda.reset_peak_memory_stats(i)
+        _turns(clock, referee, turns, step, out)
+        out.peak_mem_bytes = sum(int(torch.cuda.max_memory_allocated(i)) for i in clock.cuda)
+        return out
+    _turns(clock, referee, turns, step, out)
+    return out
+
+
+def _turns(clock: Clock, referee: _Referee, turns: Turns, step, out: DuetTiming) -> None:
+    """This side's turns until "stop": each ``out.iterations`` timed steps, then the hand-over."""
     t = 0
     while True:
         while turns.owner(t) != turns.side:
             t += 1
         if not clock.agree_max(1.0 if referee.may_run(t) else 0.0):
-            return out
+            return
         out.samples.append([clock.time(step) for _ in range(out.iterations)])
         out.turns.append(t)
         median = statistics.median(clock.slowest(out.samples[-1]))
         if clock.agree_max(1.0 if referee.hand_over(t, median) else 0.0):
-            return out
+            return
         t += 1
 
 

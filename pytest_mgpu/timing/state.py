@@ -58,6 +58,8 @@ class TimingState:
         A flagged measurement is re-measured once here (``Measurement.remeasure``) and judged on both."""
         thr = self.options.threshold
         fp = self.fingerprint(m.task.device_type)
+        if m.lane_only:  # the revision lane judged it from its pairs: no history verdict, never saved
+            return rule.HistoryVerdict(rule.Status.NEW, None, 0, thr), "", None
         if self.store.unreadable(fp):  # first: it concerns every measurement of this fingerprint
             return rule.HistoryVerdict(rule.Status.UNREADABLE, m.x, 0, thr), "", None
         base = self.store.lookup(fp, m.task.key)
@@ -134,9 +136,11 @@ class TimingState:
         """Append this launch to the histories of measurements of tests that passed; never an
         unstable or a noisy measurement's (neither is evidence of the step's speed)."""
         by_fp: Dict[str, Tuple[Fingerprint, Dict[str, NewLaunch]]] = {}
-        failed = unstable = noisy = 0
+        failed = unstable = noisy = lane = 0
         for rec, d in self.measurements():
-            if rec.outcome != "passed":
+            if d.get("lane_only"):
+                lane += 1
+            elif rec.outcome != "passed":
                 failed += 1
             elif d.get("unstable"):
                 unstable += 1
@@ -155,6 +159,9 @@ class TimingState:
             lines.append(f"baselines: {unstable} unstable measurement(s) not saved")
         if noisy:
             lines.append(f"baselines: {noisy} noisy measurement(s) not saved (their history could not judge them)")
+        if lane:
+            lines.append(f"baselines: {lane} measurement(s) of the revision lane not saved (its pairs judged them; "
+                         "a history is recorded without --mgpu-against)")
         return lines
 
     def fingerprint_notes(self) -> List[str]:
