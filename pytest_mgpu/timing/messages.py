@@ -157,8 +157,8 @@ def revision_line(r: dict) -> str:
     if v.status in (RevisionStatus.NEW, RevisionStatus.BASE_FAILED):
         return f"{against}: {v.status.value}: {v.note}; not judged"
     if v.status == RevisionStatus.UNCHANGED:
-        shown = f"; its first {v.pairs} pair(s) read head/base x{v.ratio:.3f}" if v.ratio is not None else ""
-        return f"{against}: unchanged code: {v.note}{shown}; not measured further, not judged"
+        return (f"{against}: unchanged code: {v.note}; head {fmt_time(r.get('head_median_s'))} over {v.pairs} "
+                "pair(s), not measured further, not judged")
     text = (f"{against}: base {fmt_time(r.get('base_median_s'))}, head {fmt_time(r.get('head_median_s'))} "
             f"({head_words(r)}); head/base")
     if v.ratio is not None:

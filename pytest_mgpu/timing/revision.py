@@ -168,9 +168,10 @@ class RevisionLane:
             return self._unjudged(result, RevisionStatus.NEW, f"new in this change: {ref.qualname} cannot be "
                                                               f"imported at {checkout.label} ({duet.missing})"), []
         verdict = judge_pairs(duet.head, duet.base, self.threshold, duet.blocks)
-        if duet.unchanged:  # its pairs are shown, not judged: the two sides ran the same code
-            verdict = RevisionVerdict(RevisionStatus.UNCHANGED, verdict.ratio, pairs=verdict.pairs,
-                                      threshold=self.threshold, note=duet.unchanged.replace("REV", checkout.label))
+        if duet.unchanged:  # the two sides ran the same code: its pairs are kept, no ratio is told (one
+            # block cannot cancel a set of ranks' own speed, so it could read several % either way)
+            verdict = RevisionVerdict(RevisionStatus.UNCHANGED, pairs=verdict.pairs, threshold=self.threshold,
+                                      note=duet.unchanged.replace("REV", checkout.label))
         if self.no_swap:
             verdict = dataclasses.replace(verdict, note="; ".join(n for n in (verdict.note, self.no_swap) if n))
         return dataclasses.replace(
