@@ -80,6 +80,11 @@ def return_unpicklable():
     return lambda: None
 
 
+def ddp_step():
+    model = nn.parallel.DistributedDataParallel(nn.Linear(8, 8))
+    model(torch.randn(2, 8)).sum().backward()
+
+
 # -- what a simulation counts ---------------------------------------------------------------------------
 def test_counts_collectives_and_the_bytes_this_rank_sends():
     sim = simulate(collectives, world_size=8, rank=3)
@@ -177,6 +182,17 @@ def test_a_failure_names_the_simulated_rank_with_its_traceback():
     assert 'in raise_on\n' in text and "raise ValueError" in text
     assert "inrank.py" not in text and "rank.py" not in text, "the plugin's own frames lead the traceback"
     assert simulate(raise_on, 5, world_size=16, rank=4).value == 4
+
+
+def test_ddp_is_told_to_run_on_real_ranks_in_the_head_of_the_message():
+    """torch's fake process group completes DDP's all-reduce without a result and DDP's reducer asserts:
+    the message says so in words, with what to do, where a CI page shows it (its first 500 characters)."""
+    with pytest.raises(RankFailure) as info:
+        simulate(ddp_step, world_size=1024, rank=3)
+    head = str(info.value)[:500]
+    assert "DistributedDataParallel's all-reduce returned no result on the fake process group" in head
+    assert "fix: DistributedDataParallel cannot run on the simulated tier; simulate FSDP2" in head
+    assert "INTERNAL ASSERT FAILED" in str(info.value)  # torch's own words stay in the full story
 
 
 def test_a_value_that_cannot_come_back_is_named():

@@ -86,6 +86,11 @@ OWN_LIMIT = ("If the work is just slow, raise the limit ({source}): simulate(...
 OUTER_LIMIT = ("The call was cut short by {outer}, not by pytest-mgpu's own limit ({seconds:g}s from {source}): if "
                "the work is just slow, raise pytest-timeout's limit (--timeout, or @pytest.mark.timeout).")
 _OWN_FRAMES = os.sep + "pytest_mgpu" + os.sep + "simulate" + os.sep
+DDP_HOOK = "expected the hook result is either a Tensor or a TensorList"
+DDP = ("Hint: DistributedDataParallel cannot run on the simulated tier; simulate FSDP2 (fully_shard), tensor or "
+       "pipeline parallel, and check DDP on real ranks (dist.benchmark, dist.assert_parity, "
+       "dist.assert_same_training: their collectives and bytes are judged as structure too). Why: torch's fake "
+       "process group completes DDP's built-in all-reduce without a result, and DDP's reducer asserts on that.")
 
 
 def relabel(failure: RankFailure, call: SimCall, spec: LaunchSpec) -> RankFailure:
@@ -99,6 +104,10 @@ def relabel(failure: RankFailure, call: SimCall, spec: LaunchSpec) -> RankFailur
         outer = bool(spec.outer_source) and spec.outer_source in hint
         hint = HANG + (OUTER_LIMIT.format(outer=spec.outer_source, seconds=spec.timeout_s, source=spec.timeout_source)
                        if outer else OWN_LIMIT.format(source=spec.timeout_source))
+    for p in problems:
+        if DDP_HOOK in p.summary:  # torch's INTERNAL ASSERT text would take the message's head
+            p.summary, hint = ("raised RuntimeError: DistributedDataParallel's all-reduce returned no result "
+                               "on the fake process group (torch's INTERNAL ASSERT in c10d comm.cpp)"), DDP
     relabeled = RankFailure(spec.label, problems, hint)
     relabeled.logs = failure.logs
     return relabeled
