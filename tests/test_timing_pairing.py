@@ -156,3 +156,14 @@ def test_compare_rejudges_a_lane_from_its_blocks():
     head, base, ks = _swapped([30, 12], 2, 1.0, 0.12)
     r = {"pairs_head": head, "pairs_base": base, "pairs_block": ks}
     assert rejudge_revision(r, 0.10)["verdict"] == judge_pairs(head, base, 0.10, ks).to_dict()
+
+
+def test_compare_keeps_an_unchanged_row_as_pytest_judged_it():
+    """REV's own code, stopped after one block: its few pairs are not judged again (they would read
+    "unstable"), in compare as in pytest."""
+    from pytest_mgpu.timing.compare import rejudge_revision
+    from pytest_mgpu.timing.pairing import RevisionStatus, RevisionVerdict
+
+    v = RevisionVerdict(RevisionStatus.UNCHANGED, pairs=5, note="the 2 file(s) ... are the same at main@abc")
+    r = {"pairs_head": [1.0] * 5, "pairs_base": [1.1] * 5, "pairs_block": [0] * 5, "verdict": v.to_dict()}
+    assert rejudge_revision(r, 0.10)["verdict"] == v.to_dict()

@@ -96,7 +96,7 @@ def judge_pair(old: Side, new: Side, key: str, threshold: float) -> dict:
 
 def rejudge_revision(r: dict, threshold: float) -> dict:
     """A revision-lane result judged again from its pairs (at ``threshold``), as pytest judged it."""
-    if not r.get("pairs_head") or r["verdict"].get("status") == RevisionStatus.UNCHANGED.value:
+    if not r.get("pairs_head") or (r.get("verdict") or {}).get("status") == RevisionStatus.UNCHANGED.value:
         return r  # new, the base failed, or REV's own code: nothing to judge
     blocks = r.get("pairs_block") or None  # reports written before blocks: one block
     return dict(r, verdict=judge_pairs(r["pairs_head"], r["pairs_base"], threshold, blocks).to_dict())
