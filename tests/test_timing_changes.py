@@ -1,31 +1,16 @@
 """The revision lane's shortcut on a real git repository: which changes leave a benchmark's imported
 code REV's (unchanged: not measured further), and which make every benchmark measure in full."""
-import subprocess
-
 import pytest
 
 from pytest_mgpu.timing.changes import changes
 from pytest_mgpu.timing.worktree import Checkout
-
-
-def git(repo, *args):
-    out = subprocess.run(["git", *args], cwd=str(repo), capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    return out.stdout.strip()
+from tests.gitrepo import git, new_repo
 
 
 @pytest.fixture
 def repo(tmp_path):
-    r = tmp_path / "repo"
-    (r / "pkg").mkdir(parents=True)
-    git(r, "init", "-q")
-    git(r, "config", "user.email", "t@t")
-    git(r, "config", "user.name", "t")
-    for name in ("pkg/__init__.py", "pkg/model.py", "pkg/other.py", "test_perf.py", "README.md", "config.yaml"):
-        (r / name).write_text("# base\n")
-    git(r, "add", ".")
-    git(r, "commit", "-qm", "base")
-    return r
+    names = ("pkg/__init__.py", "pkg/model.py", "pkg/other.py", "test_perf.py", "README.md", "config.yaml")
+    return new_repo(tmp_path / "repo", {name: "# base\n" for name in names})
 
 
 def _checkout(r):

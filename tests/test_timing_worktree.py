@@ -8,24 +8,12 @@ import pytest
 
 from pytest_mgpu.timing import worktree
 from pytest_mgpu.timing.worktree import RevisionError, Worktrees
-
-
-def git(repo, *args):
-    out = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    return out.stdout.strip()
+from tests.gitrepo import git, new_repo
 
 
 @pytest.fixture
 def repo(tmp_path):
-    r = tmp_path / "repo"
-    (r / "pkg").mkdir(parents=True)
-    git(r, "init", "-q")
-    git(r, "config", "user.email", "t@t")
-    git(r, "config", "user.name", "t")
-    (r / "pkg" / "work.py").write_text("N = 1\n")
-    git(r, "add", ".")
-    git(r, "commit", "-qm", "base")
+    r = new_repo(tmp_path / "repo", {"pkg/work.py": "N = 1\n"})
     (r / "pkg" / "work.py").write_text("N = 2\n")
     git(r, "commit", "-qam", "head")
     return r
