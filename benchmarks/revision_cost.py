@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -66,6 +67,15 @@ def main(argv=None) -> int:
     print(f"lane wall per benchmark: median {statistics.median(x['wall_s'] for x in lanes):.1f} s over {len(lanes)} "
           f"(budget {statistics.median(x['budget_s'] for x in lanes):.1f} s); pairs: median "
           f"{statistics.median(len(x['pairs_head']) for x in lanes)}")
+    print(f"\n{'benchmark':<58} {'wall':>6} {'blocks':>6} {'pairs':>5} {'iters':>5} {'log sd':>6}  verdict")
+    for m in doc["measurements"]:
+        x = m.get("revision")
+        if not x:
+            continue
+        logs = [math.log(h / b) for h, b in zip(x["pairs_head"], x["pairs_base"]) if h > 0 and b > 0]
+        sd = statistics.stdev(logs) if len(logs) > 1 else float("nan")
+        print(f"{(m['key'] + ' ' + m['task']['strategy'])[-58:]:<58} {x['wall_s']:6.1f} {len(set(x['pairs_block'] or [0])):6d} {len(logs):5d} "
+              f"{x['iterations']:5d} {sd:6.3f}  {x['verdict']['status']}")
     return 0
 
 

@@ -78,10 +78,24 @@ def noop():
     return 1
 """
 
+LATE_START = """
+import time
+from pytest_mgpu import in_rank
+
+if in_rank():                        # a module whose import computes for 3.5 s in a rank: into the last 2 s
+    end = time.monotonic() + 3.5
+    while time.monotonic() < end:
+        pass
+
+def block():
+    time.sleep(600)
+"""
+
 TESTS = """
 import pytest
 import verdict_fns as F
 import slow_import
+import late_start
 
 @pytest.mark.gpu4
 @pytest.mark.mgpu_timeout(5)
@@ -95,6 +109,10 @@ def test_blocked(dist):
 @pytest.mark.gpu4
 def test_starting(dist):
     dist.run(slow_import.noop, timeout=5)
+
+@pytest.mark.gpu2
+def test_late_start(dist):
+    dist.run(late_start.block, timeout=5)
 
 @pytest.mark.gpu2
 def test_single_process(dist):
@@ -119,7 +137,8 @@ class _Dir:
 
 def _session(tmp_path_factory, *extra) -> tuple:
     sp = Subpytest(_Dir(tmp_path_factory.mktemp("verdicts")))
-    for name, text in [("verdict_fns", FNS), ("slow_import", SLOW_IMPORT), ("test_verdicts_inner", TESTS)]:
+    for name, text in [("verdict_fns", FNS), ("slow_import", SLOW_IMPORT), ("late_start", LATE_START),
+                       ("test_verdicts_inner", TESTS)]:
         (sp.pytester.path / f"{name}.py").write_text(text)
     try:
         return sp.run("--mgpu-fallback=cpu", "-p", "no:randomly", "-rA", *extra, timeout=400)
@@ -156,7 +175,7 @@ def line(sec: str, start: str) -> str:
 
 
 def test_every_case_fails_and_the_pool_serves_the_next_test(warm, fresh):
-    assert warm[0] == 1 and "7 failed, 1 passed" in warm[1], warm[1]
+    assert warm[0] == 1 and "8 failed, 1 passed" in warm[1], warm[1]
     assert fresh[0] == 1 and "3 failed, 1 passed" in fresh[1], fresh[1]
 
 
@@ -195,6 +214,17 @@ def test_a_blocked_rank_is_hung_and_its_peers_wait_in_a_named_collective(warm):
     assert "Hint: a rank blocked in a collective usually means the ranks disagree" in sec
     assert "If the work is just slow, raise the limit where it was set: dist.run(timeout=5) in the test" in sec
     assert "still computing" not in sec
+
+
+def test_a_rank_that_computed_while_starting_then_blocks_is_hung(warm):
+    """Its module's import computed into the last 2 s before the limit: that CPU was start-up, not the
+    function's, so the window is taken again from the dump on (the function began inside it)."""
+    sec = section(warm[1], "test_late_start")
+    for r in (0, 1):
+        assert line(sec, f"rank {r} ").startswith(
+            f"rank {r} did not finish within 5s (hung; the limit set by dist.run(timeout=5)): blocked outside any "
+            "collective, "), sec
+    assert "still computing" not in sec and "still starting" not in sec
 
 
 def test_a_pool_that_never_finishes_starting_is_still_starting(warm):

@@ -198,6 +198,8 @@ class _Waiter:
         for r, ev in evidence.items():
             if ev is not None:
                 self.traces[r] = Trace(ev.collectives, ev.last)
+        if timed_out:
+            used, window = self._fresh_window(pending, used, window, stacks, evidence)
         for r in pending:
             ev, stack = evidence.get(r), stacks.get(r, "(no stack)")
             if not timed_out:
@@ -209,6 +211,15 @@ class _Waiter:
                 self.behind.add(r)
             took = f"{elapsed:.1f}s" if r in self.unready else limit  # joining has a limit of its own
             self.got.problems.append(self.verdict_problem(r, v, took, stack))
+
+    def _fresh_window(self, pending, used, window, stacks, evidence):
+        """The CPU window again, from now, where it would call a rank computing only because its
+        function began inside it (``CpuWatch.began_inside``); unchanged otherwise."""
+        late = [r for r in pending if self.cpu.began_inside(evidence.get(r)) and r not in self.unready and classify(
+            True, used.get(r), window, stacks.get(r, ""), evidence.get(r)).kind == "computing"]
+        if not late:
+            return used, window
+        return self.cpu.resample(pending)
 
     def verdict_problem(self, r: int, v: Verdict, took: str, stack: str) -> RankProblem:
         kind: ProblemKind = "hung" if v.kind == "blocked" else v.kind

@@ -67,6 +67,7 @@ class Evidence:
     phase: Phase
     collectives: Optional[List[Collective]] = None  # None: no recorder (off, or its dump failed)
     last: Dict[int, int] = field(default_factory=dict)  # per group id: the last collective of this call
+    running_at: float = 0.0  # time.monotonic() when the test's function began (0: not yet)
 
 
 def recorder_env(environ) -> Dict[str, str]:
@@ -87,6 +88,7 @@ class _Call:
     path: str = ""
     backend: str = ""
     phase: Phase = "starting"
+    running_at: float = 0.0
     base: Dict[int, int] = {}
 
 
@@ -100,6 +102,7 @@ def begin(log_path: str, backend: str) -> None:
     if _CALL.wakeup >= 0 and threading.current_thread() is threading.main_thread():
         signal.set_wakeup_fd(_CALL.wakeup, warn_on_full_buffer=False)  # a call's asyncio loop may have reset it
     _CALL.phase = "starting"
+    _CALL.running_at = 0.0
     _CALL.base = {}
 
 
@@ -107,6 +110,7 @@ def running() -> None:
     """The test's function starts now: collectives counted from here."""
     _CALL.base = _status()
     _CALL.phase = "running"
+    _CALL.running_at = time.monotonic()
 
 
 def finished() -> None:
@@ -141,7 +145,7 @@ def collectives() -> Optional[List[Collective]]:
 
 
 def evidence() -> Evidence:
-    return Evidence(_CALL.phase, collectives(), last_collectives())
+    return Evidence(_CALL.phase, collectives(), last_collectives(), _CALL.running_at)
 
 
 def arm() -> None:

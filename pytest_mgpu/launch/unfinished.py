@@ -12,7 +12,8 @@ The evidence, in the order it decides:
 - **blocked** in a collective: its innermost Python frame is in torch.distributed, or (NCCL, where a
   waiting host thread may spin) the recorder shows an unfinished collective older than the window;
 - **computing**: its CPU time (``/proc/<pid>/stat``, its descendants included) advanced by at least
-  ``ADVANCING`` of one core over the last ``CPU_WINDOW_S`` seconds before the limit;
+  ``ADVANCING`` of one core over the last ``CPU_WINDOW_S`` seconds before the limit, or over a fresh
+  ``RESAMPLE_S`` where its function began inside that window (the start-up's CPU is not the function's);
 - otherwise **blocked** (sleeping, waiting on a lock, a pipe, a peer).
 
 Measured 2026-11-24 on the shared 2-core machine (tests/test_verdicts.py's cases): a rank blocked in a
@@ -39,6 +40,7 @@ from .processes import descendants
 CPU_WINDOW_S = 2.0  # CPU time is compared over this much time before the limit
 ADVANCING = 0.025  # of one core over the window: at or above it a rank is computing
 MIN_WINDOW_S = 0.25  # a shorter window is re-measured (25 clock ticks)
+RESAMPLE_S = 0.5  # a fresh window for a rank whose function began inside the first one
 STACK_WAIT_S = 2.0  # how long a rank gets to print its stack and write its evidence
 
 Kind = Literal["blocked", "computing", "starting"]
@@ -117,6 +119,19 @@ class CpuWatch:
             if c is not None and r in self.first:
                 got[r] = max(0.0, c - self.first[r])
         return got, max(1e-3, now - (self.first_t or now))
+
+
+    def began_inside(self, evidence: Optional[Evidence]) -> bool:
+        """Whether the rank's function began after the window's first sample: then the window also
+        counted its start-up (importing the test's module, unpickling its arguments), which a rank
+        that then blocks at once would show as computing under load."""
+        return (evidence is not None and self.first_t is not None and evidence.running_at > self.first_t)
+
+    def resample(self, ranks) -> Tuple[Dict[int, float], float]:
+        """CPU used by ``ranks`` over a fresh window of RESAMPLE_S, from now."""
+        self.sample(time.monotonic(), ranks)
+        time.sleep(RESAMPLE_S)
+        return self.used(ranks)
 
 
 def classify(started: bool, cpu_s: Optional[float], window_s: float, stack: str,
