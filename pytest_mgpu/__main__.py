@@ -1,8 +1,9 @@
-"""``python -m pytest_mgpu``: what this machine offers for distributed tests, its hardware
-fingerprints, and whether a timing baseline exists for them.
+"""python -m pytest_mgpu: what this machine offers for distributed tests, its hardware fingerprints,
+and whether a timing baseline exists for them.
 
-``python -m pytest_mgpu compare OLD NEW``: judge NEW's timings against OLD's (baseline files or JSON
-reports), print the table, exit 1 on a regression."""
+python -m pytest_mgpu compare OLD NEW: judge NEW's timings against OLD's (baseline files or JSON
+reports), print the table, exit 1 on a regression. The structure goldens (structure.json) are judged
+by pytest itself: see --mgpu-structure in pytest --help."""
 import argparse
 import json
 import sys

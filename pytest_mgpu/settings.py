@@ -134,8 +134,8 @@ TIMING_OPTIONS: Final = (BASELINES, SAVE_BASELINES, REGRESSION, GATE, REPORT, PL
 
 STRUCTURE = Option(
     "mgpu_structure", "--mgpu-structure",
-    "judge the structure of every simulate() and dist.benchmark call (collectives per step, bytes sent, "
-    "CUDA peak memory) against baselines/structure.json: check (default) or off "
+    "judge the structure of simulate(), dist.benchmark, assert_parity and assert_same_training calls (collectives "
+    "per step, bytes sent, exact peak memory) against --mgpu-baselines' structure.json: check (default) or off "
     f"(ini mgpu_structure, env {ENV_STRUCTURE}); record with --mgpu-save-baselines",
     ini_help="check or off: see --mgpu-structure", env=ENV_STRUCTURE, cli={"choices": STRUCTURE_MODES})
 STRUCTURE_TOLERANCE = Option(

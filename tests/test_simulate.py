@@ -80,6 +80,16 @@ def return_unpicklable():
     return lambda: None
 
 
+def fsdp_reinit():
+    """FSDP2 over a CPU mesh, its parameters initialized again as DTensors (a random op on the mesh)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = fully_shard(nn.Linear(16, 4), mesh=init_device_mesh("cpu", (tdist.get_world_size(),)))
+    model.reset_parameters()
+    return "done"
+
+
 def ddp_step():
     model = nn.parallel.DistributedDataParallel(nn.Linear(8, 8))
     model(torch.randn(2, 8)).sum().backward()
@@ -169,6 +179,13 @@ def test_fsdp2_storage_resizes_are_tracked():
         assert ins.whole.peak >= base + 4000
         del t
     assert ins.live_bytes == base - 4000
+
+
+def test_torch_warning_about_random_ops_on_a_cpu_mesh_is_not_shown(capfd):
+    """Every simulated mesh is a CPU mesh: the warning would follow every FSDP2 simulation."""
+    assert simulate(fsdp_reinit, world_size=64, rank=5).value == "done"
+    out, err = capfd.readouterr()
+    assert "DTensor random operators" not in out + err
 
 
 # -- failures, limits, arguments ---------------------------------------------------------------------

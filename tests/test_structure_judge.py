@@ -37,6 +37,11 @@ def test_equal_is_same_and_bytes_move_within_the_tolerance_only():
     assert compare("t", call(5, 1000, 100), call(6, 1000, 100), 0.5).status == "changed"  # counts: always exact
 
 
+def test_a_change_too_small_for_a_percentage_says_its_bytes():
+    [line] = compare("t", call(1, 74854, None), call(2, 74858, None), 0.0).lines
+    assert "all_gather_into_tensor 1 -> 2 (+1); bytes sent 73.1 KiB -> 73.1 KiB (+4 B)" in line, line
+
+
 def test_peak_is_judged_only_where_both_sides_measured_it():
     cuda_golden, cpu_run = call(5, 1000, 4 * MIB), call(5, 1000, None)
     assert compare("t", cuda_golden, cpu_run, 0.0).status == "same"

@@ -165,3 +165,17 @@ def test_concurrent_writers_lose_nothing(tmp_path):
     doc = json.loads((tmp_path / f"{FP.key()}.json").read_text())
     assert sorted(k for k in doc["entries"] if k != "shared") == sorted(f"w{w}::{i}" for w in range(4) for i in range(6))
     assert len(doc["entries"]["shared"]["launches"]) == 24  # every writer's every launch
+    # nothing left beside it to commit (no lock, no temporary file), and readable by all
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{FP.key()}.json"]
+    assert (tmp_path / f"{FP.key()}.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_the_structure_goldens_are_readable_by_all_and_not_taken_for_timings(tmp_path):
+    from pytest_mgpu.timing.baselines import BaselineError, BaselineFile
+    from pytest_mgpu.timing.structure import golden
+
+    path = tmp_path / "structure.json"
+    golden.save(path, "2.14.1", {})
+    assert path.stat().st_mode & 0o777 == 0o644 and sorted(p.name for p in tmp_path.iterdir()) == ["structure.json"]
+    with pytest.raises(BaselineError, match="holds structure goldens .* not timings: pytest judges them"):
+        BaselineFile.read(path)

@@ -46,6 +46,7 @@ def simulated_task(call: SimCall, threads: int) -> RankTask:
 def run_simulated(call: SimCall) -> SimRecord:
     """Runs in the fresh rank process: become rank ``call.rank`` of a fake group, run, measure."""
     import time
+    import warnings
 
     import torch
     import torch.distributed as tdist
@@ -57,6 +58,9 @@ def run_simulated(call: SimCall) -> SimRecord:
         tdist.destroy_process_group()  # the launcher's one-rank gloo group
     prepare_rank(simulated_task(call, torch.get_num_threads()))
     tdist.init_process_group("fake", store=FakeStore(), rank=call.rank, world_size=call.world_size)
+    # every mesh of the simulated tier is a CPU mesh: torch's warning about random ops there says
+    # nothing about the user's code (the simulated figures do not depend on the random values)
+    warnings.filterwarnings("ignore", message="DTensor random operators may not have complete support")
     fn = call.fn.resolve()
     args, kwargs = pickle.loads(call.payload)
     with Instruments() as ins:

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from .files import locked, replace_atomically
 from .fingerprint import Fingerprint
 
 FORMAT = "pytest-mgpu baselines 2"
@@ -163,6 +164,10 @@ class BaselineFile:
         if not isinstance(doc, dict):
             raise BaselineError(f"{path}: holds a JSON {type(doc).__name__}, not a pytest-mgpu baseline object")
         fmt = doc.get("format")
+        if isinstance(fmt, str) and fmt.startswith("pytest-mgpu structure"):
+            raise BaselineError(f"{path} holds structure goldens ({fmt!r}), not timings: pytest judges them "
+                                "(--mgpu-structure=check); give this command a timing baseline or a "
+                                "--mgpu-report JSON file")
         if fmt not in (FORMAT, FORMAT_1):
             raise BaselineError(f"{path} is not a pytest-mgpu baseline file (format {fmt!r}, expected "
                                 f"{FORMAT!r}); move it out of the baselines directory")
@@ -291,13 +296,9 @@ class BaselineStore:
     def save(self, fp: Fingerprint, launches: Dict[str, NewLaunch]) -> Path:
         """Append one launch per key to the file of ``fp`` (created if missing), atomically, under a
         lock. A damaged file is kept aside as ``*.corrupt``; a format-1 file as ``*.json.v1``."""
-        import fcntl  # POSIX only, and only needed when saving
-
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.path_for(fp)
-        lock_fd = os.open(str(self.dir / f".{path.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        with locked(self.dir / f".{path.name}.lock"):
             doc = self._current(path, fp)
             doc.fingerprint = fp
             for key, new in launches.items():
@@ -305,10 +306,7 @@ class BaselineStore:
                 history = (old.launches if old else []) + [new.launch]
                 doc.entries[key] = Entry(history[-HISTORY:], list(new.samples_s), dict(new.info))
             doc.updated = utc_now()
-            _replace_atomically(path, doc.to_json())
-        finally:
-            fcntl.flock(lock_fd, fcntl.LOCK_UN)
-            os.close(lock_fd)
+            replace_atomically(path, doc.to_json())
         self._cache[str(path)] = doc
         self.problems.pop(str(path), None)
         self._all = None
@@ -330,23 +328,6 @@ class BaselineStore:
         if current.format == FORMAT_1 and not path.with_name(path.name + ".v1").exists():
             shutil.copy2(path, path.with_name(path.name + ".v1"))
         return current
-
-
-def _replace_atomically(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def check_writable(directory: Path, fp_paths: List[Path]) -> Optional[str]:

@@ -11,13 +11,12 @@ ran and passed, and keeps everything else; the file is written whole and renamed
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
 from ..baselines import STRUCTURE_FILE
+from ..files import replace_atomically
 from .figures import CallStructure
 
 FORMAT = "pytest-mgpu structure 1"
@@ -72,10 +71,7 @@ def save(path: Path, torch: str, recorded: Dict[str, Dict[str, CallStructure]]) 
         section[test] = {name: s.to_dict() for name, s in sorted(calls.items())}
     doc = {"format": FORMAT, "torch": {v: dict(sorted(t.items())) for v, t in sorted(sections.items())}}
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".structure-", suffix=".tmp", dir=str(path.parent))
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(_one_line_steps(json.dumps(doc, indent=1)) + "\n")
-    os.replace(tmp, path)
+    replace_atomically(path, _one_line_steps(json.dumps(doc, indent=1)) + "\n")
     return sum(len(c) for c in recorded.values())
 
 

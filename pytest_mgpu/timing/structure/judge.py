@@ -51,6 +51,8 @@ def _change(old: int, new: int) -> str:
     if old == 0:
         return "from 0"
     pct = (new - old) / old * 100
+    if abs(pct) < 0.05:  # "+0.0%" would read as no change: say the bytes
+        return f"{new - old:+,d} B"
     return f"{pct:+.1f}%" if abs(pct) < 10 else f"{pct:+.0f}%"
 
 
