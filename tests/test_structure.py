@@ -130,6 +130,22 @@ def test_simulated_recorded_then_checked_then_a_block_left_unwrapped_fails(pytes
     assert text.endswith("If this change is intended, record it: --mgpu-save-baselines")
 
 
+def test_a_renamed_test_s_old_golden_is_named_when_recording(pytester):
+    write(pytester, SIM)
+    run(pytester, "--mgpu-save-baselines").assert_outcomes(passed=1)
+    write(pytester, SIM.replace("def test_sim()", "def test_sim_renamed()"))
+    again = run(pytester, "--mgpu-save-baselines", "-k", "nothing_matches or renamed")
+    again.assert_outcomes(passed=1)
+    again.stdout.fnmatch_lines(["1 test(s) with a golden in structure.json were not collected from their file(s) "
+                                "this session (renamed or removed?): test_it.py::test_sim; their goldens are kept*"])
+    assert sorted(next(iter(golden(pytester)["torch"].values()))) == ["test_it.py::test_sim",
+                                                                      "test_it.py::test_sim_renamed"]
+    write(pytester, SIM.replace("def test_sim()", "def test_sim_renamed()") + SIM.replace("test_sim", "test_other"))
+    partial = run(pytester, "--mgpu-save-baselines", "-k", "other")  # a deselected test is still collected
+    partial.assert_outcomes(passed=1, deselected=1)
+    partial.stdout.fnmatch_lines(["1 test(s) with a golden * (renamed or removed?): test_it.py::test_sim; *"])
+
+
 def test_ddp_bucket_cap_on_real_ranks_at_2_and_4(pytester):
     write(pytester, DDP)
     run(pytester, "--mgpu-save-baselines").assert_outcomes(passed=2)

@@ -84,7 +84,8 @@ class TimingPlugin:
         if options.save and shared and not hasattr(config, "workerinput"):
             raise pytest.UsageError(
                 "--mgpu-save-baselines cannot be used with -n/--dist: tests running at once share the cores "
-                "and time each other's load, so their timings must not become a baseline. Record without -n.")
+                "and time each other's load, so their timings must not become a baseline (the structure goldens are "
+                "recorded with them). Record without -n.")
         if options.save and not hasattr(config, "workerinput"):
             problem = check_writable(options.baselines_dir, [])
             if problem:

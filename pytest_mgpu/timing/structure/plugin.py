@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Set
 
 import pytest
 
@@ -46,6 +46,7 @@ class StructurePlugin:
         self.verdicts: List[Verdict] = []
         self.recorded: Dict[str, Dict[str, CallStructure]] = {}
         self.lines: List[str] = []
+        self.collected: Set[str] = set()  # test ids this process collected, deselected ones included
 
     @classmethod
     def configure(cls, config, session) -> "StructurePlugin":
@@ -106,6 +107,19 @@ class StructurePlugin:
             if data.get("record") is not None and report.outcome == "passed":
                 self.recorded[report.nodeid] = {c: CallStructure.from_dict(c, d) for c, d in data["record"].items()}
 
+    def pytest_deselected(self, items) -> None:
+        self.collected.update(i.nodeid for i in items)
+
+    def pytest_collection_finish(self, session) -> None:
+        self.collected.update(i.nodeid for i in session.items)
+
+    def stale(self) -> List[str]:
+        """Tests with a golden under this torch, in a file this session collected, that it did not
+        collect: renamed or removed (their goldens are kept: a test may exist only on other machines)."""
+        files = {t.split("::", 1)[0] for t in self.collected}
+        tests = self.goldens.sections.get(self.goldens.torch, {})
+        return sorted(t for t in tests if t.split("::", 1)[0] in files and t not in self.collected)
+
     def report_rows(self) -> List[dict]:
         """The verdicts as plain data, for the Markdown and JSON reports (``timing.report``)."""
         return [v.to_dict() for v in self.verdicts]
@@ -117,6 +131,12 @@ class StructurePlugin:
         try:
             n = golden.save(self.goldens.path, self.goldens.torch, self.recorded)
             self.lines.append(f"structure of {n} call(s) recorded in {self.goldens.path} (torch {self.goldens.torch})")
+            stale = self.stale()
+            if stale:
+                self.lines.append(
+                    f"{len(stale)} test(s) with a golden in {self.goldens.path.name} were not collected from their "
+                    f"file(s) this session (renamed or removed?): {', '.join(stale[:5])}"
+                    f"{' ...' if len(stale) > 5 else ''}; their goldens are kept: delete them there if the tests are gone")
         except (OSError, golden.GoldenError) as exc:
             self.lines.append(f"structure NOT recorded: {exc}")
             if session.exitstatus == 0:
