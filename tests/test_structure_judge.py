@@ -7,7 +7,7 @@ import pytest
 from pytest_mgpu.settings import SettingsError, resolve_structure
 from pytest_mgpu.timing.structure import golden
 from pytest_mgpu.timing.structure.figures import CallStructure, StepStructure
-from pytest_mgpu.timing.structure.judge import RECORD, compare
+from pytest_mgpu.timing.structure.judge import RECORD, Verdict, compare
 from pytest_mgpu.timing.units import fmt_size
 
 MIB = 2**20
@@ -27,6 +27,9 @@ def test_a_changed_step_reads_at_a_glance():
         "structure changed in step 0 (train): all_gather_into_tensor 5 -> 10 (+5); bytes sent 14.5 MiB -> "
         "29.0 MiB (+100%); peak 7.52 MiB -> 7.52 MiB (same) [simulate#0 fsdp_step, rank 0 of 8]\n" + RECORD)
     assert RECORD == "If this change is intended, record it: --mgpu-save-baselines"
+    [numbers] = Verdict.from_dict(json.loads(json.dumps(v.to_dict()))).changes  # what the JSON report carries
+    assert numbers["step"] == "step 0 (train)" and numbers["ranks"] == [0]
+    assert numbers["counts"]["all_gather_into_tensor"] == [5, 10] and numbers["sent_total"] == [int(14.5 * MIB), 29 * MIB]
 
 
 def test_equal_is_same_and_bytes_move_within_the_tolerance_only():

@@ -29,6 +29,7 @@ class Verdict:
     call: str
     status: Status
     lines: List[str] = field(default_factory=list)
+    changes: List[dict] = field(default_factory=list)  # per line of ``lines``: its numbers, for scripts
 
     @property
     def fails(self) -> bool:
@@ -38,11 +39,12 @@ class Verdict:
         return "\n".join(self.lines + ([RECORD] if self.fails else []))
 
     def to_dict(self) -> dict:
-        return {"test": self.test, "call": self.call, "status": self.status, "lines": list(self.lines)}
+        return {"test": self.test, "call": self.call, "status": self.status, "lines": list(self.lines),
+                "changes": list(self.changes)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Verdict":
-        return cls(str(d["test"]), str(d["call"]), d["status"], list(d.get("lines", [])))
+        return cls(str(d["test"]), str(d["call"]), d["status"], list(d.get("lines", [])), list(d.get("changes", [])))
 
 
 def _change(old: int, new: int) -> str:
@@ -100,6 +102,7 @@ def _ranks(ranks: List[int]) -> str:
 def compare(test: str, golden: CallStructure, now: CallStructure, tolerance: float) -> Verdict:
     """``same`` or ``changed`` with one line per changed step (ranks that changed alike share a line)."""
     found: dict = {}  # (step label, what changed) -> ranks
+    numbers: dict = {}  # (step label, what changed) -> the first such rank's figures before and after
     for rank in sorted(set(golden.ranks) | set(now.ranks)):
         old, new = golden.ranks.get(rank), now.ranks.get(rank)
         if old is None or new is None:
@@ -113,11 +116,21 @@ def compare(test: str, golden: CallStructure, now: CallStructure, tolerance: flo
             diff = step_diff(a, b, tolerance)
             if diff is not None:
                 found.setdefault((step_label(i, b.name), diff), []).append(rank)
+                numbers.setdefault((step_label(i, b.name), diff), _numbers(a, b))
     if golden.world_size != now.world_size:
         found[("", f"world size {golden.world_size} -> {now.world_size}")] = []
-    lines = []
+    lines, changes = [], []
     for (label, diff), ranks in found.items():
         where = f" in {label}" if label else ""
         whom = f", {_ranks(ranks)} of {now.world_size}" if ranks else ""
         lines.append(f"structure changed{where}: {diff} [{now.call}{whom}]")
-    return Verdict(test, now.call, "changed" if lines else "same", lines)
+        changes.append(dict(numbers.get((label, diff), {"what": diff}), step=label, ranks=ranks))
+    return Verdict(test, now.call, "changed" if lines else "same", lines, changes)
+
+
+def _numbers(old: StepStructure, new: StepStructure) -> dict:
+    """A changed step's figures, golden then now: counts and bytes sent per op, the total, the peak."""
+    ops = sorted(set(old.counts) | set(new.counts))
+    return {"counts": {op: [old.counts.get(op, 0), new.counts.get(op, 0)] for op in ops},
+            "sent": {op: [old.sent.get(op, 0), new.sent.get(op, 0)] for op in ops},
+            "sent_total": [old.sent_total, new.sent_total], "peak_bytes": [old.peak_bytes, new.peak_bytes]}
