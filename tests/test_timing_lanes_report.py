@@ -57,6 +57,16 @@ def test_one_row_type_both_lanes():
     assert "@1a2b3c4" in table.splitlines()[-1]  # a long REV is clipped, its commit kept
 
 
+def test_a_failed_test_s_verdict_is_not_cut_in_the_terminal():
+    rows = report.build_rows([("t.py::test_d", "failed", _measurement("d", 0.7, history_status="learning"))])
+    table = report.terminal_table(rows)
+    assert "faster (failed)" in table and not any(line.endswith("~") for line in table.splitlines()), table
+    assert [line.split()[-1] for line in table.splitlines()[2:]] == ["0/5", "(failed)"]  # the outcome left out
+    assert max(len(line) for line in table.splitlines()) <= report.TERMINAL_WIDTH
+    history = report.terminal_table([r for r in rows if r.lane == "history"])
+    assert "learning 0/5 (failed)" in history, history
+
+
 def test_markdown_csv_and_json_carry_the_lane(tmp_path):
     rows = report.build_rows(MEASURED)
     md = report.markdown(rows)

@@ -32,7 +32,16 @@ LABELS: Final[Mapping[Status, str]] = {Status.UNCONFIRMED: "same (re-measured)",
                                        Status.UNREADABLE: "baseline unreadable"}
 
 
-def status_cell(d: dict, outcome: str = "") -> str:
+def _with_outcome(text: str, outcome: str, width: Optional[int]) -> str:
+    """The verdict, and the test's outcome where it was not "passed" (pytest's summary also says it);
+    the outcome is left out rather than the verdict cut where ``width`` is too narrow for both."""
+    if outcome in ("passed", "") or text.startswith("SLOWER"):
+        return text
+    both = f"{text} ({outcome})"
+    return both if width is None or len(both) <= width else text
+
+
+def status_cell(d: dict, outcome: str = "", width: Optional[int] = None) -> str:
     v = verdict_of(d)
     if v is None:
         return "-"
@@ -43,9 +52,7 @@ def status_cell(d: dict, outcome: str = "") -> str:
         text = f"learning {v.n_history}/{MIN_HISTORY}"
     elif v.status == Status.NEW and d.get("x") is not None:
         text = f"new 0/{MIN_HISTORY}"
-    if outcome not in ("passed", "") and not text.startswith("SLOWER"):
-        text += f"; test {outcome}"
-    return text
+    return _with_outcome(text, outcome, width)
 
 
 def describe(d: dict) -> str:
@@ -125,14 +132,12 @@ def revision_change_cell(r: dict) -> str:
     return f"{_pct(v.ratio)}% [{_pct(v.low)},{_pct(v.high)}]"
 
 
-def revision_status_cell(r: dict, gate_mode: str, outcome: str = "") -> str:
+def revision_status_cell(r: dict, gate_mode: str, outcome: str = "", width: Optional[int] = None) -> str:
     v = RevisionVerdict.from_dict(r["verdict"])
     text = v.status.value
     if v.status == RevisionStatus.SLOWER:
         text = "SLOWER (failed)" if gate_mode == "fail" else "slower (warned)"
-    if outcome not in ("passed", "") and not text.startswith("SLOWER"):
-        text += f"; test {outcome}"
-    return text
+    return _with_outcome(text, outcome, width)
 
 
 def lane_cell(r: Optional[dict], width: int = 26) -> str:

@@ -176,11 +176,11 @@ def change_cell(r: Row) -> str:
     return messages.revision_change_cell(rev) if rev else messages.delta_cell(r.measurement)
 
 
-def verdict_cell(r: Row) -> str:
+def verdict_cell(r: Row, width: Optional[int] = None) -> str:
     rev = r.revision
     if rev:
-        return messages.revision_status_cell(rev, r.gate_mode, r.outcome)
-    return messages.status_cell(r.measurement, r.outcome)
+        return messages.revision_status_cell(rev, r.gate_mode, r.outcome, width)
+    return messages.status_cell(r.measurement, r.outcome, width)
 
 
 def _cells(r: Row) -> List[str]:
@@ -200,9 +200,9 @@ def _clip(text: str, width: int) -> str:
 def _terminal_cells(r: Row, lanes: bool) -> List[str]:
     if lanes:
         return [_clip(r.group, 11), _clip(r.label, 10), str(r.world_size), fmt_time(r.median_s), fmt_time(r.base_s),
-                _clip(change_cell(r), 21), messages.lane_cell(r.revision, 29), _clip(verdict_cell(r), 15)]
+                _clip(change_cell(r), 21), messages.lane_cell(r.revision, 29), _clip(verdict_cell(r, 15), 15)]
     return [_clip(r.group, 26), _clip(r.label, 22), str(r.world_size), fmt_time(r.median_s), fmt_time(r.iqr_s),
-            _speedup(r), _efficiency(r), messages.delta_cell(r.measurement), _clip(verdict_cell(r), 24)]
+            _speedup(r), _efficiency(r), messages.delta_cell(r.measurement), _clip(verdict_cell(r, 24), 24)]
 
 
 def table(rows: Sequence[Row], tablefmt: str = "simple") -> str:
