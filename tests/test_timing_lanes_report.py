@@ -5,6 +5,7 @@ import io
 import json
 import math
 import random
+import re
 import subprocess
 import sys
 
@@ -65,6 +66,16 @@ def test_a_failed_test_s_verdict_is_not_cut_in_the_terminal():
     assert max(len(line) for line in table.splitlines()) <= report.TERMINAL_WIDTH
     history = report.terminal_table([r for r in rows if r.lane == "history"])
     assert "learning 0/5 (failed)" in history, history
+
+
+def test_a_row_alone_in_its_group_claims_no_speed_up():
+    alone = dict(_measurement("e", 1.0), revision=None)
+    [row] = report.build_rows([("t.py::test_e", "passed", alone)])
+    assert row.speedup is None and row.efficiency is None
+    assert re.split(r"\s{2,}", report.terminal_table([row]).splitlines()[2])[5:7] == ["-", "-"]
+    two = report.build_rows([("t.py::test_e", "passed", alone),
+                             ("t.py::test_f", "passed", dict(alone, task=dict(alone["task"], world_size=4)))])
+    assert [r.speedup for r in two] == [pytest.approx(1.0), pytest.approx(1.0)] and two[1].efficiency == 0.5
 
 
 def test_markdown_csv_and_json_carry_the_lane(tmp_path):

@@ -141,7 +141,7 @@ def build_rows(measurements: Iterable[Tuple[str, str, dict]]) -> List[Row]:
     for members in groups.values():
         members.sort(key=_sort_key)
         ref = members[0]
-        for r in members:
+        for r in members if len(members) > 1 else ():  # a row alone has nothing to be faster than
             if ref.throughput and r.throughput:
                 r.speedup = r.throughput / ref.throughput
             elif r.median_s > 0 and ref.median_s > 0:
