@@ -126,6 +126,31 @@ def test_a_noisy_launch_says_why_and_is_never_saved_to_its_history(tmp_path):
     assert set(compare.load(report).launches) == {_task("tight").key}
 
 
+def test_a_short_quiet_history_grows_into_a_gate_a_loaded_runner_s_launch_does_not(tmp_path):
+    """Five launches within 3% see only +20%: noisy. More launches at that spread would see +10%, so
+    on a quiet runner the launch is saved (else such a history never grows); under load it is not."""
+    tight = [0.0, 0.03, -0.03, 0.02, -0.02]
+    for loaded in (False, True):
+        folder = tmp_path / ("loaded" if loaded else "quiet")
+        store = _store(folder, {"short": tight})
+        load = RunnerLoad(6.0, 2) if loaded else RunnerLoad(0.5, 2)
+        state = TimingState(TimingSettings(baselines_dir=folder / "baselines"), lambda device_type: FP,
+                            load_probe=lambda: load)
+        [d] = state.judge([_measurement("short", 0.01)])
+        v = rule.HistoryVerdict.from_dict(d["verdict"])
+        assert v.status == rule.Status.NOISY and v.needed is not None and 5 < v.needed <= rule.HISTORY
+        line = messages.noisy_lines([d])[0]
+        if loaded:
+            assert "runner loaded: load average 6.0" in line and line.endswith("use --mgpu-against"), line
+        else:
+            assert f"at this spread {v.needed} launches see +10%: record more with --mgpu-save-baselines" in line
+        state.collect("t.py::test_short", "passed", state.properties([d]))
+        lines = state.save_baselines(None, "0.1.0")
+        launches = json.loads(store.path_for(FP).read_text())["entries"][_task("short").key]["launches"]
+        assert len(launches) == (5 if loaded else 6), lines
+        assert any("noisy measurement(s) not saved" in ln for ln in lines) == loaded, lines
+
+
 def test_the_load_is_named_only_where_it_explains_noise():
     assert RunnerLoad(1.2, 2, (Busy(7, "sshd", 0.12),), others=0.3).describe() == ""
     assert RunnerLoad(4.4, 2).describe() == "runner loaded: load average 4.4 on 2 core(s)"

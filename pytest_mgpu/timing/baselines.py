@@ -30,11 +30,11 @@ from typing import Dict, List, Optional, Tuple
 
 from .files import locked, replace_atomically
 from .fingerprint import Fingerprint
+from .rule import HISTORY
 
 FORMAT = "pytest-mgpu baselines 2"
 FORMAT_1 = "pytest-mgpu baselines 1"
 STRUCTURE_FILE = "structure.json"  # beside the timing files; not keyed by hardware
-HISTORY = 30  # launches kept per measurement: enough for the t interval, small enough to follow drift
 
 
 STALE = ("its fingerprint names the CPU model but not its generation (recorded before fingerprints carried "

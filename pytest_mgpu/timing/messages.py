@@ -10,7 +10,7 @@ from typing import Dict, Final, Mapping, Optional, Tuple
 from .units import fmt_time
 from .pairing import RevisionStatus, RevisionVerdict
 from .reference import UNNORMALIZED_HASH
-from .rule import MIN_HISTORY, HistoryVerdict, Status, percent
+from .rule import MIN_HISTORY, HistoryVerdict, Status, percent, saves
 
 
 def verdict_of(d: dict) -> Optional[HistoryVerdict]:
@@ -75,7 +75,9 @@ def describe(d: dict) -> str:
     text = (f"median {new} vs history median of medians {hist} over {v.n_history} launch(es) "
             f"(spread {spread} sd of {stat}); {kind} {ratio}, threshold +{v.threshold * 100:.0f}%")
     if v.status == Status.NOISY:
-        return f"{noisy_line(d)}. Compared: {text}; baseline: {source}; not saved to the history"
+        kept = "saved to the history by --mgpu-save-baselines" if saves(v, d.get("runner_load") or "") else \
+            "not saved to the history"
+        return f"{noisy_line(d)}. Compared: {text}; baseline: {source}; {kept}"
     if v.status == Status.LEARNING:
         return (text + f"; {v.n_history} of {MIN_HISTORY} launches recorded: the gate decides from "
                 f"{MIN_HISTORY} (baseline {source}). Record more with --mgpu-save-baselines")
@@ -103,6 +105,9 @@ def noisy_line(d: dict) -> str:
             f"can be seen here (threshold +{v.threshold * 100:.0f}%, {v.n_history} launches)")
     if d.get("runner_load"):
         text += f"; {d['runner_load']}"
+    elif v.needed is not None:  # a short history, not a noisy runner: it grows into a gate
+        return text + (f"; at this spread {v.needed} launches see +{v.threshold * 100:.0f}%: record more with "
+                       "--mgpu-save-baselines (this one included), or gate now with --mgpu-against")
     return text + "; for a gate on this runner use --mgpu-against"
 
 

@@ -42,6 +42,7 @@ SUITE_SIZE = 20  # measurements in a typical suite run
 ALPHA = SUITE_ALPHA / SUITE_SIZE  # per stage; 0.0025
 MIN_HISTORY = 5  # launches before the gate decides (a t interval from 4 df is wide but valid)
 SD_FLOOR = 0.01  # log-space spread below which a history is taken as 1%: identical launches happen
+HISTORY = 30  # launches kept per measurement: enough for the t interval, small enough to follow drift
 DEFAULT_THRESHOLD = 0.10
 
 
@@ -57,7 +58,7 @@ class Status(str, Enum):
     UNCONFIRMED = "unconfirmed"  # flagged, but the re-measurement was not: not a regression
     UNSTABLE = "unstable"  # the measurement itself is not sane: not judged, not saved
     UNREADABLE = "unreadable"  # the baseline file is damaged: measured as if none existed
-    NOISY = "noisy"  # the history's interval is wider than the threshold: blind to such a change; not saved
+    NOISY = "noisy"  # the history's interval is wider than the threshold: blind to such a change (see ``saves``)
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class HistoryVerdict:
     x_again: Optional[float] = None  # the re-measurement's x, when there was one
     p_again: Optional[float] = None
     detectable: Optional[float] = None  # the smallest slowdown this history can flag (0.10 = +10%)
+    needed: Optional[int] = None  # NOISY: the launches at this spread that would see the threshold (None: none)
 
     @property
     def ratio(self) -> Optional[float]:
@@ -110,6 +112,14 @@ def detectable_change(spread: float, n: int, threshold: float = DEFAULT_THRESHOL
     return max(math.expm1(half), threshold)
 
 
+def launches_needed(spread: float, threshold: float = DEFAULT_THRESHOLD, alpha: float = ALPHA,
+                    most: int = HISTORY) -> Optional[int]:
+    """The fewest launches (up to ``most``, what a history keeps) whose interval at this spread sees
+    a change of the threshold; None where even ``most`` cannot (the runner itself is too noisy)."""
+    return next((n for n in range(MIN_HISTORY, most + 1) if detectable_change(spread, n, threshold, alpha)
+                 <= threshold), None)
+
+
 def judge_history(x: Optional[float], history: Sequence[Optional[float]], threshold: float = DEFAULT_THRESHOLD,
                   alpha: float = ALPHA, min_history: int = MIN_HISTORY) -> HistoryVerdict:
     """Judge one launch's x against the x of earlier launches (same reference workload). Where the
@@ -135,7 +145,19 @@ def judge_history(x: Optional[float], history: Sequence[Optional[float]], thresh
         status = Status.FASTER
     else:
         status = Status.NOISY if detectable > threshold else Status.SAME
-    return HistoryVerdict(status, x, n, threshold, alpha, center, sd, center + q * scale, p, detectable=detectable)
+    needed = launches_needed(sd, threshold, alpha) if status == Status.NOISY else None
+    return HistoryVerdict(status, x, n, threshold, alpha, center, sd, center + q * scale, p, detectable=detectable,
+                          needed=needed)
+
+
+def saves(verdict: HistoryVerdict, runner_load: str = "") -> bool:
+    """Whether ``--mgpu-save-baselines`` appends this launch to its history. Never an unstable one. A
+    NOISY one only where its history is merely short (more launches at this spread would see the
+    threshold: ``needed``) and the runner's load did not explain the noise; otherwise such a history
+    could never grow into a gate, and a launch on a noisy runner is no evidence of the step's speed."""
+    if verdict.status == Status.UNSTABLE:
+        return False
+    return verdict.status != Status.NOISY or (verdict.needed is not None and not runner_load)
 
 
 def decide(x: Optional[float], history: Sequence[Optional[float]], threshold: float = DEFAULT_THRESHOLD,

@@ -134,7 +134,7 @@ class TimingState:
 
     def save_baselines(self, commit: Optional[str], version: str) -> List[str]:
         """Append this launch to the histories of measurements of tests that passed; never an
-        unstable or a noisy measurement's (neither is evidence of the step's speed)."""
+        unstable one's, nor a noisy one's unless its history is merely short (``rule.saves``)."""
         by_fp: Dict[str, Tuple[Fingerprint, Dict[str, NewLaunch]]] = {}
         failed = unstable = noisy = lane = 0
         for rec, d in self.measurements():
@@ -144,7 +144,8 @@ class TimingState:
                 failed += 1
             elif d.get("unstable"):
                 unstable += 1
-            elif (d.get("verdict") or {}).get("status") == rule.Status.NOISY.value:
+            elif d.get("verdict") and not rule.saves(rule.HistoryVerdict.from_dict(d["verdict"]),
+                                                     d.get("runner_load") or ""):
                 noisy += 1
             else:
                 fp = Fingerprint.from_dict(d["fingerprint"])
