@@ -106,7 +106,9 @@ def test_the_lane_row_new_benchmarks_a_dirty_tree_and_no_worktree_left(pytester,
     assert mm["verdict"]["status"] in ("slower", "unstable"), mm["verdict"]  # 6x the work: never same
     if mm["verdict"]["status"] == "slower":
         assert mm["verdict"]["low"] > 1.10
-        result.stdout.fnmatch_lines(["*timing regression:*", "*test_mm::step_factory against HEAD (*): base *, head * "
+        result.stdout.fnmatch_lines([f"*timing regression: *step_factory slower than HEAD@{base} beyond the threshold "
+                                     "(the revision lane). Fix: find what in this change made the step slower*",
+                                     "*test_mm::step_factory against HEAD (*): base *, head * "
                                      "(the working tree with 3 uncommitted change(s)); head/base x*"])
         result.assert_outcomes(passed=2, failed=1)
     else:

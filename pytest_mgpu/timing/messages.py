@@ -205,10 +205,16 @@ class TimingRegressionWarning(UserWarning):
     """A measurement is slower than its history, where that only warns (or the history is short)."""
 
 
-def regression_headline(fails: list) -> str:
+def regression_headline(fails: list, against: str = "") -> str:
     """The first line of a timing failure (a CI page shows the first 500 characters): which
-    measurements, and what to do; each failure's own line follows."""
+    measurements, against what, and what to do; each failure's own line follows. ``against``: the
+    revision lane's REV@commit where the lane found the slowdown (its fix is not a baseline)."""
     names = ", ".join(f.split(" ", 1)[0] for f in fails[:3]) + (f" and {len(fails) - 3} more" if len(fails) > 3 else "")
+    if against:
+        return (f"timing regression: {names} slower than {against} beyond the threshold (the revision lane). Fix: "
+                "find what in this change made the step slower; if it is intended, merge it knowing the cost (the "
+                "next change is measured against its own base) or raise --mgpu-regression (or --mgpu-gate=warn). "
+                "Details:")
     return (f"timing regression: {names} slower than the baseline beyond the threshold. Fix: find what made "
             "the step slower; if it is intended, record the new speed (--mgpu-save-baselines) or raise "
             "--mgpu-regression (or --mgpu-gate=warn). Details:")

@@ -20,6 +20,7 @@ from ..settings import STRUCTURE_OPTIONS, TIMING_OPTIONS, SettingsError, add_opt
 from .baselines import check_writable
 from ..workers import under_xdist
 from .messages import TimingRegressionWarning, noisy_lines, regression_headline
+from .pairing import RevisionStatus
 from .state import TimingState
 
 
@@ -130,11 +131,14 @@ class TimingPlugin:
             except Exception:
                 pass
             raise
-        fails, warns = self.state.problems(self._judge(item))
+        judged = self._judge(item)
+        fails, warns = self.state.problems(judged)
         for message in warns:
             warnings.warn(TimingRegressionWarning(message))
         if fails:
-            pytest.fail(regression_headline(fails) + "\n" + "\n".join(fails), pytrace=False)
+            lane = next((f"{r['rev']}@{r['short']}" for d in judged if (r := d.get("revision"))
+                         and r["verdict"]["status"] == RevisionStatus.SLOWER.value), "")
+            pytest.fail(regression_headline(fails, lane) + "\n" + "\n".join(fails), pytrace=False)
         return result
 
     def pytest_runtest_logreport(self, report):
