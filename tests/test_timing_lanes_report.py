@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from pytest_mgpu.timing import report
+from pytest_mgpu.timing import messages, report
 from pytest_mgpu.timing.pairing import judge_pairs
 
 
@@ -61,11 +61,12 @@ def test_one_row_type_both_lanes():
 def test_a_failed_test_s_verdict_is_not_cut_in_the_terminal():
     rows = report.build_rows([("t.py::test_d", "failed", _measurement("d", 0.7, history_status="learning"))])
     table = report.terminal_table(rows)
-    assert "faster (failed)" in table and not any(line.endswith("~") for line in table.splitlines()), table
-    assert [line.split()[-1] for line in table.splitlines()[2:]] == ["0/5", "(failed)"]  # the outcome left out
+    assert not any(line.endswith("~") for line in table.splitlines()), table
+    assert [line.split()[-1] for line in table.splitlines()[2:]] == ["0/5", "faster"]  # the outcome left out
     assert max(len(line) for line in table.splitlines()) <= report.TERMINAL_WIDTH
     history = report.terminal_table([r for r in rows if r.lane == "history"])
-    assert "learning 0/5 (failed)" in history, history
+    assert history.splitlines()[2].endswith("learning 0/5"), history
+    assert report.verdict_cell(rows[1], 24) == "faster (test failed)"  # where the column holds both
 
 
 def test_a_row_alone_in_its_group_claims_no_speed_up():
@@ -76,6 +77,29 @@ def test_a_row_alone_in_its_group_claims_no_speed_up():
     two = report.build_rows([("t.py::test_e", "passed", alone),
                              ("t.py::test_f", "passed", dict(alone, task=dict(alone["task"], world_size=4)))])
     assert [r.speedup for r in two] == [pytest.approx(1.0), pytest.approx(1.0)] and two[1].efficiency == 0.5
+
+
+def test_a_benchmark_new_at_rev_shows_its_measurement_and_the_json_stays_strict():
+    new = _measurement("g", 1.0)
+    new["revision"] = dict(new["revision"], pairs_head=[], pairs_base=[], head_first=[], head_median_s=None,
+                           base_median_s=None, verdict={"status": "new", "threshold": 0.1,
+                                                        "note": "new in this change: ..."})
+    rows = report.build_rows([("t.py::test_g", "passed", new)])
+    assert [(r.lane, report.verdict_cell(r)) for r in rows] == [("history", "new 0/5"), ("revision", "new")]
+    assert rows[0].median_s == pytest.approx(0.011)  # what dist.benchmark measured, shown
+    text = report.to_json(rows, [("t.py::test_g", "passed", new)], [])
+
+    def refuse(constant):
+        raise AssertionError(f"{constant} in the JSON report")
+
+    doc = json.loads(text, parse_constant=refuse)
+    assert doc["rows"][1]["median_s"] is None
+
+
+def test_a_change_over_100_percent_fits_its_cell():
+    cell = messages.revision_change_cell({"verdict": {"status": "slower", "ratio": 2.125, "low": 2.109, "high": 2.145,
+                                                      "pairs": 20, "threshold": 0.1}})
+    assert cell == "+112% [+111,+114]" and len(cell) <= 21
 
 
 def test_markdown_csv_and_json_carry_the_lane(tmp_path):

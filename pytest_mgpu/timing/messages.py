@@ -37,7 +37,7 @@ def _with_outcome(text: str, outcome: str, width: Optional[int]) -> str:
     the outcome is left out rather than the verdict cut where ``width`` is too narrow for both."""
     if outcome in ("passed", "") or text.startswith("SLOWER"):
         return text
-    both = f"{text} ({outcome})"
+    both = f"{text} (test {outcome})"
     return both if width is None or len(both) <= width else text
 
 
@@ -124,7 +124,9 @@ def revision_of(d: dict) -> Optional[RevisionVerdict]:
 
 
 def _pct(ratio: float) -> str:
-    return f"{(ratio - 1) * 100:+.1f}"
+    """A change in percent: one decimal below 100%, none from there (a cell keeps its width)."""
+    change = (ratio - 1) * 100
+    return f"{change:+.1f}" if abs(change) < 99.95 else f"{change:+.0f}"
 
 
 def revision_change_cell(r: dict) -> str:

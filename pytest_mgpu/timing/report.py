@@ -116,7 +116,8 @@ def _lanes(test: str, outcome: str, d: dict) -> List[Row]:
     if not r:
         return [row]
     rows = [_revision_row(row, r)]
-    if (d.get("verdict") or {}).get("status") != Status.NEW.value:  # the history lane has something to say
+    timed_nothing = not r.get("pairs_head")  # new at REV, or REV failed: the measurement is the history's
+    if timed_nothing or (d.get("verdict") or {}).get("status") != Status.NEW.value:  # the history lane says something
         rows.insert(0, row)
     return rows
 
@@ -292,7 +293,19 @@ def to_json(rows: Sequence[Row], measurements: Sequence[Tuple[str, str, dict]], 
         "measurements": [dict(d, test=test, outcome=outcome) for test, outcome, d in measurements],
         "structure": list(structure),
     }
-    return json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n"
+    return json.dumps(_finite(doc), indent=1, sort_keys=True, default=str, allow_nan=False) + "\n"
+
+
+def _finite(value):
+    """NaN and infinities as null: JSON has no such numbers (``json`` would write ``NaN``, which
+    strict parsers such as JavaScript's refuse)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def write(path: Path, rows: Sequence[Row], measurements: Sequence[Tuple[str, str, dict]],
