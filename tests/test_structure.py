@@ -146,6 +146,20 @@ def test_a_renamed_test_s_old_golden_is_named_when_recording(pytester):
     partial.stdout.fnmatch_lines(["1 test(s) with a golden * (renamed or removed?): test_it.py::test_sim; *"])
 
 
+def test_a_test_that_failed_for_another_reason_still_tells_its_structure_change(pytester):
+    write(pytester, SIM)
+    run(pytester, "--mgpu-save-baselines").assert_outcomes(passed=1)
+    write(pytester, SIM.replace("rank=3)", "rank=3)\n    assert False, 'the test s own check'"), wrap_all=False)
+    failed = run(pytester)
+    failed.assert_outcomes(failed=1)
+    failed.stdout.fnmatch_lines(["*assert False*", "*- Captured pytest-mgpu structure call -*",
+                                 "structure changed in step 0 (train): all_gather_into_tensor * -> *",
+                                 "*= pytest-mgpu structure =*", "test_it.py::test_sim  simulate#0 fsdp_sim  changed"])
+    recorded = golden(pytester)
+    run(pytester, "--mgpu-save-baselines").assert_outcomes(failed=1)
+    assert golden(pytester) == recorded  # a failed test is never recorded
+
+
 def test_ddp_bucket_cap_on_real_ranks_at_2_and_4(pytester):
     write(pytester, DDP)
     run(pytester, "--mgpu-save-baselines").assert_outcomes(passed=2)

@@ -4,9 +4,10 @@
 call, where it ran (an xdist worker, or the only process), every ``simulate()`` call of the test (in
 order: ``simulate#0 <fn>``, ``simulate#1 <fn>``...), every ``dist.benchmark`` (``benchmark <name>``),
 ``assert_parity`` (``parity#0 <strategy>``) and ``assert_same_training`` (``same_training#0 <fn>``)
-is judged against its golden (``judge``); a change fails the test. Verdicts, and under
-``--mgpu-save-baselines`` the structures, travel to the controller in ``report.user_properties``
-(JSON text), which saves them (tests that passed only) and reports. Public pytest API only.
+is judged against its golden (``judge``); a change fails the test (a test that failed already has
+the change told in a report section). Verdicts, and under ``--mgpu-save-baselines`` the structures,
+travel to the controller in ``report.user_properties`` (JSON text), which saves them (tests that
+passed only) and reports. Public pytest API only.
 """
 from __future__ import annotations
 
@@ -81,20 +82,28 @@ class StructurePlugin:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item):
-        result = yield  # a test that failed is neither judged nor recorded
-        if self.settings.mode == "off":
-            return result
-        calls = calls_of(item)
+        try:
+            result = yield
+        except (Exception, pytest.fail.Exception):  # failed (a timing regression, an assert): the calls it
+            changed = [v for v in self._verdicts(item, failed=True) if v.fails]  # finished are judged, not recorded
+            if changed:
+                item.add_report_section("call", "pytest-mgpu structure", "\n".join(v.message() for v in changed))
+            raise
+        changed = [v for v in self._verdicts(item) if v.fails]
+        if changed:
+            pytest.fail("\n".join(v.message() for v in changed), pytrace=False)
+        return result
+
+    def _verdicts(self, item, failed: bool = False) -> List[Verdict]:
+        """The test's calls judged (or, recording, recorded), attached to its report."""
+        calls = calls_of(item) if self.settings.mode != "off" and not (failed and self.save) else []
         if not calls:
-            return result
+            return []
         verdicts = [self.judge(item.nodeid, c) for c in calls]
         record = {c.call: c.to_dict() for c in calls} if self.save else None
         item.user_properties.append((PROPERTY, json.dumps({"verdicts": [v.to_dict() for v in verdicts],
                                                            "record": record})))
-        changed = [v for v in verdicts if v.fails]
-        if changed:
-            pytest.fail("\n".join(v.message() for v in changed), pytrace=False)
-        return result
+        return verdicts
 
     def pytest_runtest_logreport(self, report):
         if report.when != "call":
