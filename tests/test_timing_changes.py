@@ -31,7 +31,13 @@ def test_nothing_changed_or_only_what_the_ranks_did_not_import(repo):
     (repo / "pkg" / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"\0")
     found = changes(_checkout(repo))
     assert found.python == {"pkg/other.py", "test_new.py"} and not found.blocking
-    assert found.unchanged(imported(repo), str(repo)).endswith("(2 Python file(s) differ, none of them imported)")
+    assert found.unchanged(imported(repo), str(repo)).endswith(
+        "(2 Python file(s) differ, none of them imported; 1 file(s) no step reads differ (documentation, "
+        "pytest-mgpu's own))")
+    git(repo, "checkout", "pkg/other.py")
+    (repo / "test_new.py").unlink()
+    assert changes(_checkout(repo)).unchanged(imported(repo), str(repo)).endswith(
+        "are the same at REV (1 file(s) no step reads differ (documentation, pytest-mgpu's own))")  # not "no file"
 
 
 def test_an_imported_file_changed_staged_or_not_is_measured(repo):

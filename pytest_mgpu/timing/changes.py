@@ -37,6 +37,7 @@ class Changes:
 
     python: FrozenSet[str] = frozenset()  # modified, added or untracked Python files
     blocking: List[str] = field(default_factory=list)  # anything else: every benchmark measures in full
+    unread: int = 0  # changed files no step reads (documentation, pytest-mgpu's own, bytecode)
 
     def unchanged(self, imported: Iterable[str], repo: str) -> str:
         """Why the imported files (absolute paths) are REV's code; "" when they may not be."""
@@ -45,7 +46,10 @@ class Changes:
         rel = {os.path.relpath(os.path.realpath(p), repo) for p in imported}
         if rel & self.python:
             return ""
-        changed = f"{len(self.python)} Python file(s) differ, none of them imported" if self.python else "no file differs"
+        parts = [f"{len(self.python)} Python file(s) differ, none of them imported"] if self.python else []
+        if self.unread:
+            parts.append(f"{self.unread} file(s) no step reads differ (documentation, pytest-mgpu's own)")
+        changed = "; ".join(parts) or "no file differs"
         return f"the {len(rel)} file(s) of the repository its ranks imported are the same at REV ({changed})"
 
 
@@ -64,13 +68,14 @@ def changes(checkout: Checkout) -> Changes:
     entries = [(fields[i], fields[i + 1]) for i in range(0, len(fields) - 1, 2)]
     entries += [("?", path) for path in others.stdout.split("\0") if path]
     own = _own_package(checkout.repo)
-    python, blocking = set(), []
+    python, blocking, unread = set(), [], 0
     for status, path in entries:
         path = os.path.normpath(path)
         if (own and path.startswith(own + os.sep)) or path.endswith(DOCUMENTATION) or _bytecode(path):
+            unread += not _bytecode(path)
             continue
         if path.endswith(PYTHON) and status in ("M", "A", "?"):
             python.add(path)
         else:
             blocking.append(f"{status} {path}")
-    return Changes(frozenset(python), blocking)
+    return Changes(frozenset(python), blocking, unread)
