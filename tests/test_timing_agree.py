@@ -5,6 +5,8 @@ import json
 import math
 import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -242,3 +244,9 @@ def test_a_measurement_of_the_revision_lane_is_judged_by_its_pairs_never_by_the_
     new = compare.load(report)
     assert not new.launches and compare.judge_pair(compare.load(store.path_for(FP)), new, d["key"], 0.10)[
         "verdict"]["status"] == "new"
+    plain = tmp_path / "plain.json"  # the lane's report as OLD: its rows are no launches, and it says so
+    plain.write_text(json.dumps({"format": "pytest-mgpu timing report 2", "rows": [],
+                                 "measurements": [dict(d, lane_only=False)]}))
+    out = subprocess.run([sys.executable, "-m", "pytest_mgpu", "compare", str(report), str(plain)],
+                         capture_output=True, text=True, timeout=120).stdout
+    assert "1 of OLD's were measured by its revision lane: no history launch, so NEW's are new there" in out, out

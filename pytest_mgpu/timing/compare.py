@@ -56,10 +56,17 @@ def _from_baseline(f: BaselineFile) -> Side:
 def _from_report(doc: dict) -> Side:
     latest = {d["key"]: dict(d) for d in doc.get("measurements", [])}
     launches = {k: [(d.get("x"), d.get("reference_hash") or None, d["median_s"])] for k, d in latest.items()
-                if not d.get("unstable") and not d.get("lane_only")
-                and (d.get("verdict") or {}).get("status") != rule.Status.NOISY.value}
-    # pytest never records an unstable, a noisy or a revision lane's launch into a history
+                if _kept(d)}
     return Side(latest, launches)
+
+
+def _kept(d: dict) -> bool:
+    """Whether pytest would record this measurement into a history: never an unstable one or the
+    revision lane's, a noisy one only as ``rule.saves`` says."""
+    if d.get("unstable") or d.get("lane_only"):
+        return False
+    v = d.get("verdict")
+    return not v or rule.saves(rule.HistoryVerdict.from_dict(v), d.get("runner_load") or "")
 
 
 def load(path: Path) -> Side:
@@ -119,6 +126,9 @@ def main(argv=None) -> int:
     rows = build_rows([(d["key"], "passed", d) for d in judged])
     print(f"{len(keys)} measurement(s) in both; {len(set(new.latest) - set(old.latest))} only in NEW, "
           f"{len(set(old.latest) - set(new.latest))} only in OLD")
+    lane_old = sum(1 for k in keys if old.latest[k].get("lane_only"))
+    if lane_old:
+        print(f"{lane_old} of OLD's were measured by its revision lane: no history launch, so NEW's are new there")
     if rows:
         print(terminal_table(rows))
     for line in noisy_lines(judged):
