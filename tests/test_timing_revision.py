@@ -263,7 +263,8 @@ def test_a_benchmark_whose_imported_code_is_revs_is_unchanged_after_one_block(py
     v = m["revision"]["verdict"]
     assert v["status"] == "unchanged" and set(m["revision"]["pairs_block"]) == {0}, v
     assert v["note"].startswith("the 1 file(s) of the repository its ranks imported are the same at HEAD@")
-    assert v["note"].endswith("(1 Python file(s) differ, none of them imported)")
+    assert v["note"].endswith("(1 Python file(s) differ, none of them imported; 1 file(s) no step reads differ "
+                              "(documentation, pytest-mgpu's own))")  # NOTES.md
     assert m["lane_only"] and m["samples_s"]
     (call,) = doc["structure"]  # recorded while the head set up in the first block
     assert call["call"] == "benchmark step_factory" and call["status"] == "new", call
