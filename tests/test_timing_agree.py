@@ -153,6 +153,25 @@ def test_a_short_quiet_history_grows_into_a_gate_a_loaded_runner_s_launch_does_n
         assert any("noisy measurement(s) not saved" in ln for ln in lines) == loaded, lines
 
 
+@pytest.mark.parametrize("x, status", [(-0.4, "faster"), (0.4, "slower")])
+def test_a_new_speed_recorded_on_purpose_restarts_its_history(tmp_path, x, status):
+    """Appended to eight launches of the old speed, one launch of the new would only widen the history
+    (the next run: noisy). Recorded, it starts the history again; a slowdown is recorded with the gate
+    set to warn (failing, the test would not be saved), as its message says."""
+    store = _store(tmp_path, {"shift": _hist(8, 3, sd=0.01), "steady": _hist(8, 4, sd=0.01)})
+    state = TimingState(TimingSettings(baselines_dir=tmp_path / "baselines", gate="warn"), lambda device_type: FP)
+    shift, steady = state.judge([_measurement("shift", x), _measurement("steady", 0.0, seed=1)])
+    assert shift["verdict"]["status"] == status and steady["verdict"]["status"] == "same"
+    advice = messages.describe(shift)
+    assert "(its history starts again from this launch)" in advice, advice
+    assert status == "faster" or "record it as the new speed: --mgpu-save-baselines --mgpu-gate=warn" in advice
+    state.collect("t.py::test_shift", "passed", state.properties([shift, steady]))
+    lines = state.save_baselines(None, "0.1.0")
+    doc = json.loads(store.path_for(FP).read_text())["entries"]
+    assert len(doc[_task("shift").key]["launches"]) == 1 and len(doc[_task("steady").key]["launches"]) == 9
+    assert any("1 of them at a new speed" in line and _task("shift").key in line for line in lines), lines
+
+
 def test_the_load_is_named_only_where_it_explains_noise():
     assert RunnerLoad(1.2, 2, (Busy(7, "sshd", 0.12),), others=0.3).describe() == ""
     assert RunnerLoad(4.4, 2).describe() == "runner loaded: load average 4.4 on 2 core(s)"

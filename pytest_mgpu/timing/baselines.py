@@ -198,6 +198,7 @@ class NewLaunch:
     launch: Launch
     samples_s: List[float]
     info: Dict[str, object]
+    restart: bool = False  # a new speed, recorded on purpose: the history starts again from this launch
 
 
 class BaselineStore:
@@ -294,8 +295,9 @@ class BaselineStore:
         return f"{self.dir / source} ({len(f.entries)} entries, format {f.format[-1]}){stale}"
 
     def save(self, fp: Fingerprint, launches: Dict[str, NewLaunch]) -> Path:
-        """Append one launch per key to the file of ``fp`` (created if missing), atomically, under a
-        lock. A damaged file is kept aside as ``*.corrupt``; a format-1 file as ``*.json.v1``."""
+        """Append one launch per key to the file of ``fp`` (created if missing; a ``restart`` launch
+        replaces its history), atomically, under a lock. A damaged file is kept aside as ``*.corrupt``;
+        a format-1 file as ``*.json.v1``."""
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.path_for(fp)
         with locked(self.dir / f".{path.name}.lock"):
@@ -303,7 +305,7 @@ class BaselineStore:
             doc.fingerprint = fp
             for key, new in launches.items():
                 old = doc.entries.get(key)
-                history = (old.launches if old else []) + [new.launch]
+                history = (old.launches if old and not new.restart else []) + [new.launch]
                 doc.entries[key] = Entry(history[-HISTORY:], list(new.samples_s), dict(new.info))
             doc.updated = utc_now()
             replace_atomically(path, doc.to_json())

@@ -89,10 +89,11 @@ def describe(d: dict) -> str:
     if d.get("mann_whitney_p") is not None:
         text += f"; Mann-Whitney vs the latest launch p={d['mann_whitney_p']:.2g} (information only)"
     if v.status == Status.SLOWER:
-        text += (". If the slowdown is expected, record it with --mgpu-save-baselines (the history then "
-                 "follows it); to only warn, use --mgpu-gate=warn")
+        text += (". If the slowdown is expected, record it as the new speed: --mgpu-save-baselines "
+                 "--mgpu-gate=warn (its history starts again from this launch); to only warn, use --mgpu-gate=warn")
     elif v.status == Status.FASTER:
-        text += ". Faster than its history: record it with --mgpu-save-baselines to tighten the gate"
+        text += (". Faster than its history: if that is the new speed, record it with --mgpu-save-baselines (its "
+                 "history starts again from this launch)")
     return text
 
 
@@ -218,5 +219,5 @@ def regression_headline(fails: list, against: str = "") -> str:
                 "next change is measured against its own base) or raise --mgpu-regression (or --mgpu-gate=warn). "
                 "Details:")
     return (f"timing regression: {names} slower than the baseline beyond the threshold. Fix: find what made "
-            "the step slower; if it is intended, record the new speed (--mgpu-save-baselines) or raise "
-            "--mgpu-regression (or --mgpu-gate=warn). Details:")
+            "the step slower; if it is intended, record the new speed (--mgpu-save-baselines --mgpu-gate=warn) "
+            "or raise --mgpu-regression (or --mgpu-gate=warn). Details:")

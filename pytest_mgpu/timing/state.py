@@ -154,6 +154,11 @@ class TimingState:
         for key, (fp, launches) in sorted(by_fp.items()):
             path = self.store.save(fp, launches)
             lines.append(f"baselines: {len(launches)} measurement(s) appended to their histories in {_rel(path)}")
+            restarted = sorted(k for k, n in launches.items() if n.restart)
+            if restarted:
+                lines.append(f"baselines: {len(restarted)} of them at a new speed (slower or faster than their "
+                             f"history): their histories start again from this launch: {', '.join(restarted[:3])}"
+                             + (" ..." if len(restarted) > 3 else ""))
         if failed:
             lines.append(f"baselines: {failed} measurement(s) of failed tests not saved")
         if unstable:
@@ -202,14 +207,17 @@ class TimingState:
 
 def new_launch(d: dict, commit: Optional[str], version: str) -> NewLaunch:
     """What a baseline keeps of a judged measurement dict: this launch's figures, the samples of the
-    latest launch, and the labels the report needs."""
+    latest launch, and the labels the report needs. A launch judged slower or faster than its history
+    is a new speed (recorded on purpose): its history starts again from it, since one launch appended
+    to the old speed's would only widen the history into ``noisy``."""
     t = d["task"]
     launch = Launch(when=utc_now(), median_s=d["median_s"], iqr_s=d["iqr_s"], n=len(d["samples_s"]),
                     commit=commit, version=version, reference_median_s=d.get("reference_median_s"),
                     reference_hash=d.get("reference_hash") or None, x=d.get("x"))
     info = {"strategy": t["strategy"], "group": t["group"], "world_size": t["world_size"],
             "batch_size": t.get("batch_size"), "params": t.get("params", {})}
-    return NewLaunch(launch, list(d["samples_s"]), info)
+    shifted = (d.get("verdict") or {}).get("status") in (rule.Status.SLOWER.value, rule.Status.FASTER.value)
+    return NewLaunch(launch, list(d["samples_s"]), info, restart=shifted)
 
 
 def _rel(path) -> str:
