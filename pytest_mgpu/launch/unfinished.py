@@ -120,7 +120,6 @@ class CpuWatch:
                 got[r] = max(0.0, c - self.first[r])
         return got, max(1e-3, now - (self.first_t or now))
 
-
     def began_inside(self, evidence: Optional[Evidence]) -> bool:
         """Whether the rank's function began after the window's first sample: then the window also
         counted its start-up (importing the test's module, unpickling its arguments), which a rank
