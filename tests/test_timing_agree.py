@@ -170,6 +170,21 @@ def test_a_new_speed_recorded_on_purpose_restarts_its_history(tmp_path, x, statu
     doc = json.loads(store.path_for(FP).read_text())["entries"]
     assert len(doc[_task("shift").key]["launches"]) == 1 and len(doc[_task("steady").key]["launches"]) == 9
     assert any("1 of them at a new speed" in line and _task("shift").key in line for line in lines), lines
+    assert "baselines: 2 measurement(s) recorded in" in lines[0], lines  # not "appended": one restarted
+    assert shift["saving"] is False  # in a run that records it, its advice is not to record it again:
+    assert messages.describe(dict(shift, saving=True)).endswith(
+        "This run records it as the new speed (--mgpu-save-baselines): its history starts again from it")
+
+
+def test_a_wide_history_on_a_quiet_runner_may_mix_two_speeds_and_says_what_to_do(tmp_path):
+    _store(tmp_path, {"mixed": [0.7, 0.0, 0.02, -0.01, 0.01]})  # one launch left of an old speed
+    state = TimingState(TimingSettings(baselines_dir=tmp_path / "baselines"), lambda device_type: FP,
+                        load_probe=lambda: RunnerLoad(0.4, 2))
+    [d] = state.judge([_measurement("mixed", 0.0)])
+    assert d["verdict"]["status"] == "noisy" and d["runner_load"] == ""
+    line = messages.noisy_lines([d])[0]
+    assert ("the runner was not loaded: if the step's speed changed on purpose, its history mixes the two speeds: "
+            "delete its entry from the baseline file and record again") in line, line
 
 
 def test_the_load_is_named_only_where_it_explains_noise():

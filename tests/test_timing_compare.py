@@ -48,6 +48,7 @@ def test_compare_calls_a_change_its_history_cannot_see_noisy_and_passes(tmp_path
     assert (f"{KEY}: noisy: history spread 22%: only slowdowns above +" in r.stdout
             and "can be seen here (threshold +10%, 8 launches); for a gate on this runner use --mgpu-against"
             in r.stdout), r.stdout
+    assert "cannot fail" not in r.stdout  # a history of 8: it can
 
 
 def _report(path, median, x=None, unstable=""):
@@ -69,6 +70,8 @@ def test_compare_reports_judges_as_pytest_does_and_names_a_damaged_file(tmp_path
     r = _compare(old, slow)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "+15.9% (n=1)" in r.stdout and "learning 1/5" in r.stdout and "SLOWER" not in r.stdout
+    assert "OLD holds fewer than 5 launches per measurement (a report holds one): its rows are learning and cannot " \
+           "fail; to gate, compare against a baseline file with a history" in r.stdout, r.stdout
     bad = tmp_path / "bad.json"
     bad.write_text("[1, 2")
     r = _compare(old, bad)

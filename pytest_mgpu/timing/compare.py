@@ -129,6 +129,10 @@ def main(argv=None) -> int:
     lane_old = sum(1 for k in keys if old.latest[k].get("lane_only"))
     if lane_old:
         print(f"{lane_old} of OLD's were measured by its revision lane: no history launch, so NEW's are new there")
+    if keys and all(len(old.launches.get(k, [])) < rule.MIN_HISTORY for k in keys):
+        print(f"OLD holds fewer than {rule.MIN_HISTORY} launches per measurement (a report holds one): its rows are "
+              "learning and cannot fail; to gate, compare against a baseline file with a history "
+              "(baselines/<fingerprint>.json)")
     if rows:
         print(terminal_table(rows))
     for line in noisy_lines(judged):

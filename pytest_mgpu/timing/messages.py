@@ -88,7 +88,10 @@ def describe(d: dict) -> str:
     text += f"; baseline: {source}"
     if d.get("mann_whitney_p") is not None:
         text += f"; Mann-Whitney vs the latest launch p={d['mann_whitney_p']:.2g} (information only)"
-    if v.status == Status.SLOWER:
+    recording = d.get("saving") and (v.status == Status.FASTER or d.get("gate_mode") == "warn")
+    if v.status in (Status.SLOWER, Status.FASTER) and recording:
+        text += ". This run records it as the new speed (--mgpu-save-baselines): its history starts again from it"
+    elif v.status == Status.SLOWER:
         text += (". If the slowdown is expected, record it as the new speed: --mgpu-save-baselines "
                  "--mgpu-gate=warn (its history starts again from this launch); to only warn, use --mgpu-gate=warn")
     elif v.status == Status.FASTER:
@@ -109,6 +112,9 @@ def noisy_line(d: dict) -> str:
     elif v.needed is not None:  # a short history, not a noisy runner: it grows into a gate
         return text + (f"; at this spread {v.needed} launches see +{v.threshold * 100:.0f}%: record more with "
                        "--mgpu-save-baselines (this one included), or gate now with --mgpu-against")
+    elif d.get("runner_load") == "":  # read, and the runner was quiet: the history itself may mix two speeds
+        text += ("; the runner was not loaded: if the step's speed changed on purpose, its history mixes the two "
+                 "speeds: delete its entry from the baseline file and record again")
     return text + "; for a gate on this runner use --mgpu-against"
 
 

@@ -84,13 +84,14 @@ class TimingState:
             v, source, p = self.verdict(m)
             d = m.to_dict()
             d.update(fingerprint=fp.to_dict(), fingerprint_key=fp.key(), verdict=v.to_dict(),
-                     baseline_source=source, mann_whitney_p=p, gate_mode=self.options.mode_for(self.shared_cores))
+                     baseline_source=source, mann_whitney_p=p, gate_mode=self.options.mode_for(self.shared_cores),
+                     saving=self.options.save)
             base = self.store.lookup(fp, m.task.key)
             d["history_median_s"] = base.entry.median_of_medians if base else None
             if v.status == rule.Status.NOISY:
                 if "load" not in seen:  # read once per test, for its noisy measurements only
                     seen["load"] = self.load_probe()
-                d["runner_load"] = seen["load"].describe() if seen["load"] is not None else ""
+                d["runner_load"] = seen["load"].describe() if seen["load"] is not None else None  # None: unread
             out.append(d)
         return out
 
@@ -153,12 +154,14 @@ class TimingState:
         lines = []
         for key, (fp, launches) in sorted(by_fp.items()):
             path = self.store.save(fp, launches)
-            lines.append(f"baselines: {len(launches)} measurement(s) appended to their histories in {_rel(path)}")
+            lines.append(f"baselines: {len(launches)} measurement(s) appended to their histories in {_rel(path)}"
+                         if not any(n.restart for n in launches.values()) else
+                         f"baselines: {len(launches)} measurement(s) recorded in {_rel(path)}")
             restarted = sorted(k for k, n in launches.items() if n.restart)
             if restarted:
                 lines.append(f"baselines: {len(restarted)} of them at a new speed (slower or faster than their "
-                             f"history): their histories start again from this launch: {', '.join(restarted[:3])}"
-                             + (" ..." if len(restarted) > 3 else ""))
+                             f"history): not appended, their histories start again from this launch: "
+                             f"{', '.join(restarted[:3])}" + (" ..." if len(restarted) > 3 else ""))
         if failed:
             lines.append(f"baselines: {failed} measurement(s) of failed tests not saved")
         if unstable:
