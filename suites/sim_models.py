@@ -192,10 +192,19 @@ def counted(fn, *args, **kwargs):
     from pytest_mgpu.simulate.instruments import Instruments
     from pytest_mgpu.simulate.wire import public_name
 
+    from torch.distributed.tensor import _random as dtensor_random
+
+    had_rng_tracker = dtensor_random._rng_tracker is not None
     with CommDebugMode() as mode, Instruments() as tracker:
         value = fn(*args, **kwargs)
+    # DTensor's RNG tracker is made once per process, at the first random op on a DTensor of a mesh
+    # whose device has an RNG state to sync (CUDA, never CPU); making it broadcasts rank 0's RNG state.
+    # So a plan issues that broadcast only if the tracker was made during it: the first plan a
+    # process runs, never a later one (torch's own rule, observed here rather than assumed).
+    made = not had_rng_tracker and dtensor_random._rng_tracker is not None
     return ({public_name(str(op)): n for op, n in mode.get_comm_counts().items()},
-            dict(value, peak=tracker.whole.peak, sent=dict(tracker.whole.sent_by_op)))
+            dict(value, peak=tracker.whole.peak, sent=dict(tracker.whole.sent_by_op),
+                 rng_sync=int(made)))
 
 
 def counted_plans(tp: int) -> Dict[str, Any]:

@@ -53,6 +53,22 @@ def test_ranks_sharing_gpus_take_turns_and_one_process_sees_each_gpu_it_stands_i
     assert [rank_devices(own, r) for r in range(2)] == [((0,), 0), ((1,), 1)]
 
 
+def test_cuda_ranks_start_with_cublas_deterministic_workspace_unless_the_user_set_one(monkeypatch):
+    """Bitwise mode needs cuBLAS's workspace config before cuBLAS's first use: a rank sets it at start."""
+    from pytest_mgpu.launch.base import LaunchSpec
+    from pytest_mgpu.launch.rendezvous import Rendezvous
+    from pytest_mgpu.launch.spawn import make_task
+
+    rdv = Rendezvous("127.0.0.1", 1, "p")
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    cuda = LaunchSpec(nprocs=1, backend="nccl", device_type="cuda", device_ids=("0",), test_devices=1)
+    cpu = LaunchSpec(nprocs=1, backend="gloo", device_type="cpu")
+    assert make_task(cuda, 0, None, b"", rdv, "log").env["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert "CUBLAS_WORKSPACE_CONFIG" not in make_task(cpu, 0, None, b"", rdv, "log").env
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")  # the user's own choice stands
+    assert "CUBLAS_WORKSPACE_CONFIG" not in make_task(cuda, 0, None, b"", rdv, "log").env
+
+
 def _hold(lock_dir, ids, n, hold_s, q):
     leaser = DeviceLeaser(ids, lock_dir)
     lease = leaser.acquire(n, timeout_s=60)

@@ -78,6 +78,27 @@ def test_the_file_round_trips_with_sections_per_torch(tmp_path):
     assert json.loads(path.read_text())["format"] == golden.FORMAT
 
 
+def test_cpu_and_cuda_ranks_keep_goldens_side_by_side_in_one_torch(tmp_path):
+    """A GPU runner records its CUDA goldens beside the CPU runners' of the same torch, never over them."""
+    import dataclasses
+
+    path = tmp_path / "structure.json"
+    cpu = dataclasses.replace(call(5, 10, 3), device="cpu")
+    cuda = dataclasses.replace(call(5, 10, 7), device="cuda")
+    golden.save(path, "2.11.0", {"t.py::a[gpu1]": {cpu.call: cpu}})
+    golden.save(path, "2.11.0", {"t.py::a[gpu1]": {cuda.call: cuda}})
+    sections = golden.read(path)
+    assert sorted(sections) == ["2.11.0", "2.11.0 cuda"]
+    goldens = golden.Goldens(path, "2.11.0", sections)
+    assert goldens.find("t.py::a[gpu1]", cpu.call, "cpu")[0].device == "cpu"
+    assert goldens.find("t.py::a[gpu1]", cuda.call, "cuda")[0].device == "cuda"
+    assert list(goldens.tests()) == ["t.py::a[gpu1]"]
+    del sections["2.11.0"]  # only CUDA's: a CPU rank finds it, and the plugin says "other device"
+    assert golden.Goldens(path, "2.11.0", sections).find("t.py::a[gpu1]", cpu.call, "cpu")[0].device == "cuda"
+    assert golden.Goldens(path, "2.12.0", sections).find("t.py::a[gpu1]", cuda.call, "cuda") == (None, "2.11.0")
+    assert golden.Goldens(path, "2.12.0", sections).find("t.py::a[gpu1]", cpu.call, "cpu") == (None, None)
+
+
 def test_options_resolve_and_refuse_with_their_source():
     s = resolve_structure(lambda name: None, lambda name: None, {})
     assert (s.mode, s.tolerance) == ("check", 0.0)

@@ -63,6 +63,8 @@ def make_task(spec: LaunchSpec, rank: int, fn: Optional[FnRef], payload: bytes, 
     # (fully_shard's default mesh, torch.accelerator, the tutorials' set_device(rank)) then picks
     # the CPU as it would on a CPU runner, instead of device ``rank`` of a GPU it does not own.
     env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.device_ids) if spec.device_type == "cuda" else ""
+    if spec.device_type == "cuda" and "CUBLAS_WORKSPACE_CONFIG" not in os.environ:
+        env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read at cuBLAS's first use: bitwise mode needs it
     devices, index = rank_devices(spec, rank)
     return RankTask(
         rank=rank,

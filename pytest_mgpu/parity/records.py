@@ -77,6 +77,7 @@ class ParityJob:
     world_size: int  # the test's world size: devices of a single-process strategy when emulated
     options: Dict[str, Any] = field(default_factory=dict)
     shadow: bool = True  # train a float64 shadow of the reference (the measured tolerance needs it)
+    deterministic_kernels: bool = False  # cuDNN deterministic, without torch's deterministic-only mode
 
 
 @dataclass

@@ -30,20 +30,24 @@ from .judge.tolerance import twin_loss_agrees
 
 
 @contextlib.contextmanager
-def _deterministic(on: bool):
-    """Bitwise mode: deterministic kernels (cuBLAS needs its workspace config before first use);
-    warn_only, because the bitwise comparison is the arbiter, and some ops flagged as
-    non-deterministic (AdaptiveAvgPool2d's CUDA backward) are deterministic for the shapes of common
-    models. The flags are put back afterwards: a warm rank runs other calls after this one."""
+def _deterministic(on: bool, kernels: bool = False):
+    """Bitwise mode (``on``): torch's deterministic algorithms, without warn-only (warn-only lets the
+    flash and memory-efficient attention backward take their non-deterministic branch; an op with
+    no deterministic implementation raises, and the engine repeats the run with ``kernels`` alone).
+    ``kernels``: deterministic cuDNN and no autotuning, but no error for ops torch has no
+    deterministic version of. cuBLAS reads its workspace config before its first use: CUDA ranks
+    start with it set (``launch/spawn.py``). The flags are put back afterwards: a warm rank runs
+    other calls after this one."""
     import torch
 
-    if not on:
+    if not (on or kernels):
         yield
         return
     saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
              torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    if on:
+        torch.use_deterministic_algorithms(True, warn_only=False)
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
     try:
@@ -120,7 +124,7 @@ def model_facts(model, loss_fn, job: ParityJob, world_size: int, device) -> RunF
 
 def run_parity(job: ParityJob) -> RankOutput:
     """Runs in every rank (or in the one process of a single-process strategy)."""
-    with _deterministic(job.deterministic), ieee_float32():
+    with _deterministic(job.deterministic, job.deterministic_kernels), ieee_float32():
         return _run(job)
 
 

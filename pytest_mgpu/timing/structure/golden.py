@@ -4,8 +4,9 @@
     {"format": "pytest-mgpu structure 1",
      "torch": {"2.14.1": {"<test node id>": {"<call>": {"kind", "world_size", "ranks": {...}}}}}}
 
-Sections per torch version (without a local build tag such as ``+cpu``): a golden recorded under
-another version is not judged. Saving replaces, in this torch's section, the calls of each test that
+Sections per torch version (without a local build tag such as ``+cpu``) and device kind: CPU ranks'
+goldens under ``"2.14.1"``, CUDA ranks' under ``"2.14.1 cuda"`` (their peaks and, where DTensor syncs
+its RNG state, their collectives differ). A golden recorded under another version is not judged. Saving replaces, in this torch's section, the calls of each test that
 ran and passed, and keeps everything else; the file is written whole and renamed into place.
 """
 from __future__ import annotations
@@ -48,27 +49,49 @@ def read(path: Path) -> dict:
     return doc["torch"]
 
 
+def section(torch: str, device: str) -> str:
+    """The section of ``torch``'s goldens for calls on ``device`` ranks ("" for a simulated rank)."""
+    return torch if device in ("", "cpu") else f"{torch} {device}"
+
+
 class Goldens:
     """The goldens of one file, looked up for this torch version."""
 
     def __init__(self, path: Path, torch: str, sections: dict):
         self.path, self.torch, self.sections = path, torch, sections
 
-    def find(self, test: str, call: str) -> Tuple[Optional[CallStructure], Optional[str]]:
-        """This torch's golden of ``call``, else the newest other torch version that has one."""
-        own = self.sections.get(self.torch, {}).get(test, {}).get(call)
-        if own is not None:
-            return CallStructure.from_dict(call, own), None
-        others = sorted((v for v, tests in self.sections.items() if call in tests.get(test, {})), reverse=True)
+    def find(self, test: str, call: str, device: str = "") -> Tuple[Optional[CallStructure], Optional[str]]:
+        """This torch's golden of ``call`` on ``device`` ranks (else on another device kind, which the
+        caller says is not judged), else the newest other torch version that has one there."""
+        mine = section(self.torch, device)
+        for key in [mine] + sorted(k for k in self.sections if k.split(" ")[0] == self.torch and k != mine):
+            own = self.sections.get(key, {}).get(test, {}).get(call)
+            if own is not None:
+                return CallStructure.from_dict(call, own), None
+        kind = mine[len(self.torch):]
+        others = sorted((v.split(" ")[0] for v, tests in self.sections.items()
+                         if v[len(v.split(" ")[0]):] == kind and call in tests.get(test, {})), reverse=True)
         return None, (others[0] if others else None)
+
+    def tests(self) -> Dict[str, dict]:
+        """Every test with a golden under this torch, whatever its ranks' device."""
+        found: Dict[str, dict] = {}
+        for key, tests in self.sections.items():
+            if key.split(" ")[0] == self.torch:
+                found.update(tests)
+        return found
 
 
 def save(path: Path, torch: str, recorded: Dict[str, Dict[str, CallStructure]]) -> int:
-    """Write ``recorded`` (test -> call -> structure) into ``torch``'s section; the calls written."""
+    """Write ``recorded`` (test -> call -> structure) into ``torch``'s sections, one per device kind
+    of the calls' ranks; the calls written."""
     sections = read(path)
-    section = sections.setdefault(torch, {})
     for test, calls in recorded.items():
-        section[test] = {name: s.to_dict() for name, s in sorted(calls.items())}
+        by_section: Dict[str, dict] = {}
+        for name, s in sorted(calls.items()):
+            by_section.setdefault(section(torch, s.device), {})[name] = s.to_dict()
+        for key, written in by_section.items():
+            sections.setdefault(key, {})[test] = written
     doc = {"format": FORMAT, "torch": {v: dict(sorted(t.items())) for v, t in sorted(sections.items())}}
     path.parent.mkdir(parents=True, exist_ok=True)
     replace_atomically(path, _one_line_steps(json.dumps(doc, indent=1)) + "\n")

@@ -69,7 +69,7 @@ class StructurePlugin:
         """This call against its golden; under --mgpu-save-baselines it is recorded instead."""
         if self.save:
             return Verdict(test, now.call, "recorded")
-        old, other = self.goldens.find(test, now.call)
+        old, other = self.goldens.find(test, now.call, now.device)
         if old is not None and old.device and now.device and old.device != now.device:
             return Verdict(test, now.call, "other device", [
                 f"recorded on {old.device} ranks, these are {now.device}: not judged; record it on these"])
@@ -126,7 +126,7 @@ class StructurePlugin:
         """Tests with a golden under this torch, in a file this session collected, that it did not
         collect: renamed or removed (their goldens are kept: a test may exist only on other machines)."""
         files = {t.split("::", 1)[0] for t in self.collected}
-        tests = self.goldens.sections.get(self.goldens.torch, {})
+        tests = self.goldens.tests()
         return sorted(t for t in tests if t.split("::", 1)[0] in files and t not in self.collected)
 
     def report_rows(self) -> List[dict]:
