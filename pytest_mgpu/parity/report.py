@@ -49,9 +49,10 @@ class ParityReport:
     facts: RunFacts
     notes: List[str] = field(default_factory=list)
     against: str = "one device"  # what the run was compared with
+    keywords: str = ""  # the keywords each side received, where the test passed any (assert_same_training)
 
     def describe(self) -> str:
-        return f"{self.facts.strategy} on {self.where}"
+        return f"{self.facts.strategy} on {self.where}" + (f" ({self.keywords})" if self.keywords else "")
 
     def failures(self) -> List[Tuple[int, TensorError, float]]:
         """(step, error, bound on ||strategy - reference||) of every tensor over tolerance."""

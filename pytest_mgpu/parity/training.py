@@ -18,7 +18,7 @@ proves nothing and fails (``vacuous.py``).
 from __future__ import annotations
 
 import warnings
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..launch.errors import RankFailure
 from .judge.distance import compare, tensor_error
@@ -42,16 +42,19 @@ class StepCountError(AssertionError):
 
 def assert_same_training(dist, fn, reference_fn, *args, steps: int = 3, record: Optional[Record] = None,
                          spawn: bool = False, rtol: Optional[float] = None, atol: Optional[float] = None,
-                         timeout: Optional[float] = None, **kwargs) -> ParityReport:
+                         timeout: Optional[float] = None, fn_kwargs: Optional[Dict[str, Any]] = None,
+                         reference_kwargs: Optional[Dict[str, Any]] = None, **kwargs) -> ParityReport:
     """``fn`` in every rank against ``reference_fn`` in one process, both called with ``*args,
     **kwargs`` (``record="log"``: with ``log`` first and ``steps=``; ``spawn=True``: ``fn`` with the
-    rank first); raises ParityError where they train differently, returns the ParityReport."""
+    rank first), ``fn_kwargs`` and ``reference_kwargs`` added to one side only (overriding the shared
+    ones); raises ParityError where they train differently, returns the ParityReport."""
     __tracebackhide__ = True
     how = _resolve(steps, record, spawn)
+    mine, theirs, said = side_keywords(kwargs, fn_kwargs, reference_kwargs)
     from ..spawn_mode import new_prefix
 
     def job(f, what, reference=False):
-        return LoopJob(Portable.of(f, what), args, kwargs, steps, how, spawn,
+        return LoopJob(Portable.of(f, what), args, theirs if reference else mine, steps, how, spawn,
                        new_prefix() if spawn else "", reference)
 
     try:
@@ -72,6 +75,7 @@ def assert_same_training(dist, fn, reference_fn, *args, steps: int = 3, record: 
     plan = getattr(dist, "plan", None)
     where = plan.describe() if plan is not None else f"{dist.world_size} x {dist.device_type}"
     report = judge(result, result.facts.strategy, dist.world_size, where, rtol, atol, False)
+    report.keywords = said
     report.notes += getattr(result.facts, "loop_notes", []) + ref.floor_notes
     vacuous = nothing_compared([("reference_fn", ref.side)] + [(f"fn on rank {r}", s.side) for r, s in enumerate(ranks)])
     if vacuous:
@@ -79,6 +83,28 @@ def assert_same_training(dist, fn, reference_fn, *args, steps: int = 3, record: 
     if not report.passed:
         raise ParityError(report.failure_message(), report)
     return report
+
+
+def side_keywords(shared: Dict[str, Any], fn_kwargs: Optional[Dict[str, Any]], reference_kwargs: Optional[Dict[str, Any]]
+                  ) -> Tuple[Dict[str, Any], Dict[str, Any], str]:
+    """The keywords ``fn`` and ``reference_fn`` receive, and how the report names them: a keyword
+    passed to ``assert_same_training`` itself reaches both sides (so a bug flag there trains both
+    alike); ``fn_kwargs`` / ``reference_kwargs`` reach one side, over the shared ones."""
+    for name, value in (("fn_kwargs", fn_kwargs), ("reference_kwargs", reference_kwargs)):
+        if value is not None and not isinstance(value, dict):
+            raise TypeError(f"{name} must be a dict of keyword arguments, got {type(value).__name__}")
+    mine = {**shared, **(fn_kwargs or {})}
+    theirs = {**shared, **(reference_kwargs or {})}
+    if not (shared or fn_kwargs or reference_kwargs):
+        return mine, theirs, ""
+
+    def show(d: Dict[str, Any]) -> str:
+        return ", ".join(f"{k}={v!r}"[:60] for k, v in d.items()) or "none"
+
+    if mine == theirs:
+        return mine, theirs, (f"both sides got the same keywords: {show(mine)}; a keyword meant for one "
+                              "side only goes in fn_kwargs= or reference_kwargs=")
+    return mine, theirs, f"keywords: fn got {show(mine)}; reference_fn got {show(theirs)}"
 
 
 def keep_structure(dist, name: str, ranks: List[SideResult]) -> None:

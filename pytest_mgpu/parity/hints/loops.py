@@ -49,6 +49,9 @@ def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Lay
     facts.ref_lrs = [s.lrs for s in ref.steps]
     facts.rank_clips = [[_factors(side.steps[i]) for side in ranks] for i in range(steps)]
     facts.ref_clips = [_factors(s) for s in ref.steps]
+    facts.rank_clip_norms = [[c[0] for c in s.steps[i].clips] for s in ranks[:1] for i in range(steps)]
+    facts.ref_clip_norms = [[c[0] for c in s.clips] for s in ref.steps]
+    facts.clips_dtensors = any(len(c) > 2 and c[2] for side in ranks for s in side.steps for c in s.clips)
     for who, side in [(REFERENCE, ref)] + [(f"fn on rank {r}", s) for r, s in enumerate(ranks)]:
         if side.foreign:
             facts.foreign[who], facts.unstepped[who] = list(side.foreign), list(side.unstepped)
@@ -64,7 +67,7 @@ def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Lay
 
 def _factors(step) -> List[float]:
     """The factor each gradient clipping of a step scaled the gradients by (1: under max_norm)."""
-    return [min(1.0, m / (n + 1e-6)) if math.isfinite(n) else math.nan for n, m in step.clips]
+    return [min(1.0, m / (n + 1e-6)) if math.isfinite(n) else math.nan for n, m, *_ in step.clips]
 
 
 def loop_hints(report: Report) -> List[str]:

@@ -93,14 +93,42 @@ def clip_hint(f: UserFacts, factor: float = 1.0) -> Hint:
             continue
         a, b = mine[0], ref[0]
         if math.isfinite(a) and math.isfinite(b) and _differs(a, b, SAME_CLIP):
-            per_rank = ", ".join(f"{r[0]:.4g}" for r in ranks if r)
-            return step, (f"gradient clipping differs: at step {step} the reference clipped its gradients by a factor of "
-                    f"{b:.4g}, the ranks by {per_rank} (rank 0 first). A factor set by another total norm: the "
-                    "ranks compute the norm over their local shards only (a norm of to_local() tensors, or of one "
-                    "rank's parameters), which is smaller than the whole model's. Fix: call "
-                    "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) on the DTensor parameters (it "
-                    "reduces the norm over the mesh), or all_reduce the squared local norms before clipping.")
+            return step, _clipped_otherwise(f, step, ranks, a, b)
     return NONE
+
+
+def _clipped_otherwise(f: UserFacts, step: int, ranks: List[List[float]], a: float, b: float) -> str:
+    """Why the sides clipped by other factors, read from the total norms they clipped (the gradients
+    before clipping): k x the reference's with k backward passes per step, W x it, or smaller."""
+    per_rank = ", ".join(f"{r[0]:.4g}" for r in ranks if r)
+    norms = f.rank_clip_norms[step] if step < len(f.rank_clip_norms) else []
+    ref_norms = f.ref_clip_norms[step] if step < len(f.ref_clip_norms) else []
+    head = f"gradient clipping differs: at step {step} the reference clipped its gradients by a factor of {b:.4g}, the ranks by {per_rank} (rank 0 first)"
+    if not (norms and ref_norms and ref_norms[0] > 0 and math.isfinite(norms[0])):
+        return head + ": the gradients they clip already differ (see the gradients' rows)."
+    n, m = norms[0], ref_norms[0]
+    ratio = n / m
+    seen = f"total norms before clipping {n:.4g} on rank 0 against {m:.4g}: {ratio:.4g}x"
+    k = f.rank_backwards
+    if k > 1 and abs(ratio - k) <= 0.05 * k:
+        return (f"gradient accumulation without dividing the loss (gradients before clipping {ratio:.3g}x the "
+                f"reference's, {k} backward passes per step): at step {step} the ranks' gradients before "
+                f"clipping are {ratio:.3g}x the reference's ({seen}) with {k} backward passes per step, so each "
+                f"micro-batch's loss was not divided by {k}; clipping then scaled by {per_rank} against {b:.4g}, "
+                f"hiding part of the factor. Fix: backpropagate loss / {k} for each of the {k} micro-batches.")
+    w = f.world_size
+    if w > 1 and abs(ratio - w) <= 0.05 * w:
+        return (f"{head}, because the ranks' gradients before clipping are {w}x the reference's ({seen}): the loss "
+                f"is scaled by the world size, or gradients summed instead of averaged. Fix: backpropagate the "
+                "mean loss, and let DDP/FSDP average (or divide an all_reduce SUM by the world size).")
+    if ratio < 1:
+        fix = ("call torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) on the DTensor parameters (it "
+               "reduces the norm over the mesh)" if f.clips_dtensors else
+               "all_reduce the squared local norms before clipping, or clip the whole model's gradients")
+        return (f"{head}: the ranks' total norm is smaller ({seen} the reference's): a norm over each rank's "
+                f"local shards or part of the parameters only. Fix: {fix}.")
+    return (f"{head}: the gradients they clip differ ({seen} the reference's), so look at what made them "
+            "differ (the gradients' rows name the tensors); clipping only passes it on.")
 
 
 def _one_side(step: int, factors: List[float], who: str, other: str) -> str:

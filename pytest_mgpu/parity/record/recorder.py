@@ -32,7 +32,7 @@ class StepLog:
     rows: List[float] = field(default_factory=list)  # fingerprints of the input rows (watch.py)
     backwards: int = 1  # scalars backpropagated in this step (0: none on this rank; > 1: accumulation)
     lrs: List[float] = field(default_factory=list)  # the optimizer's learning rate per param group
-    clips: List[Tuple[float, float]] = field(default_factory=list)  # (total norm, max_norm) per clip
+    clips: List[Tuple[float, float, bool]] = field(default_factory=list)  # (total norm, max_norm, of DTensors) per clip
     state: Tuple[int, float] = (0, -1.0)  # the optimizer's state before the step: (tensors with state, step count)
 
     def __reduce__(self):

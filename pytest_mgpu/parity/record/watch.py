@@ -38,7 +38,7 @@ class Inputs:
     calls: int = 0  # forward calls of the trained model(s) in this step (micro-batches, accumulation)
     losses: List[float] = field(default_factory=list)  # every scalar backpropagated since the last step
     pipeline: bool = False  # backpropagated by a torch.distributed.pipelining schedule (per micro-batch)
-    clips: List[Tuple[float, float]] = field(default_factory=list)  # (total norm, max_norm) per clip call
+    clips: List[Tuple[float, float, bool]] = field(default_factory=list)  # (total norm, max_norm, of DTensors) per clip call
 
     def loss(self) -> float:
         """The step's loss, combined as its gradients are: the sum of the scalars backpropagated
@@ -179,7 +179,7 @@ class Watch:
     def saw_clip(self, total, max_norm) -> None:
         with quiet():
             norm = full_tensor(total)
-        self._inputs.clips.append((float(norm), float(max_norm)))
+        self._inputs.clips.append((float(norm), float(max_norm), hasattr(total, "to_local")))
 
     def model_roots(self) -> List[Any]:
         """The outermost modules run forward, minus those inside another (a checkpointed block)."""

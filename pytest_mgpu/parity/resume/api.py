@@ -7,6 +7,7 @@ Then ``verdict.py`` judges where it resumed from and every resumed step against 
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import List, Optional
 
 from ...launch.errors import RankFailure
@@ -15,6 +16,7 @@ from ..records import Portable
 from ..report import ParityReport
 from .folder import PhaseFolders, listing
 from .phases import Phase, PhaseJob, PhaseResult, run_phase
+from .digests import reproduced
 from .line import attach_line, bitwise, low_precision
 from .verdict import Run, judge_resume, marks_of, resume_point
 
@@ -58,7 +60,9 @@ def assert_resumes(dist, fn, *args, steps: int, stop_after: int, world_size_afte
     r_sides = [r.side for r in resumed if r.side is not None]
     start, matched = resume_point(marks, r_sides[0])
     exact = matched and start > 0 and bitwise(u_sides, r_sides, start)
-    if matched and start > 0 and not exact and rtol is None and atol is None:
+    run = dataclasses.replace(run, reproducible=after == dist.world_size and reproduced(
+        [r.digests for r in uninterrupted], [r.digests for r in interrupted], stop_after))
+    if matched and start > 0 and not exact and not run.reproducible and rtol is None and atol is None:
         companions = job("line", "", companion_folders=(folders.new("float64"), folders.new("twin")),
                          low=low_precision(u_sides[0]))
         attach_line(uninterrupted[0], _phase(dist, companions, dist.world_size, timeout, run)[0])

@@ -6,7 +6,8 @@
   size, non-deterministic kernels): the uninterrupted run's companions (a float64 run, or a
   same-precision twin) that measure the roundoff line, each in a folder of its own.
 - ``interrupted``: the trainer from scratch, stopped as its (K+1)-th optimizer step begins: what it
-  does after its K-th step (an end-of-epoch save) has happened. Nothing is recorded but the count.
+  does after its K-th step (an end-of-epoch save) has happened. Nothing is recorded but the count and
+  a digest of each rank's parameters per step (``digests.py``: did the run reproduce itself?).
 - ``resumed``: the trainer again in the interrupted phase's folder. At its first step it finds which
   state of the uninterrupted run it starts from (``marks.py``) and stops when the total reaches N.
 
@@ -24,6 +25,7 @@ from ..precision import ieee_float32
 from ..record.loops import Gaps, LoopJob, run_shadow, run_side
 from ..record.recorder import SideLog
 from ..record.step_recorder import StepRecorder, StopTraining
+from .digests import Digests, could_train
 from .folder import in_folder
 from .marks import Mark, closest, mark
 
@@ -55,6 +57,7 @@ class PhaseResult:
     twin_side: Optional[SideLog] = None  # line: the same-precision twin's record (rank 0)
     taken: int = 0  # interrupted: the optimizer steps taken before the stop
     loaded: List[str] = field(default_factory=list)  # resumed: the files torch.load read
+    digests: List[str] = field(default_factory=list)  # uninterrupted, interrupted: this rank's, per step
 
 
 class ResumeFailed(RuntimeError):
@@ -71,23 +74,14 @@ class StopBefore(StepRecorder):
 
     def _pre(self, optimizer, args, kwargs) -> None:
         self.depth += 1
-        if self.depth == 1 and self.taken >= self.after and trains(optimizer):
+        if self.depth == 1 and self.taken >= self.after and could_train(optimizer):
             self.depth = 0
             raise StopTraining(f"stopped before optimizer step {self.after + 1}")
 
     def _post(self, optimizer, args, kwargs) -> None:
         self.depth -= 1
-        if self.depth == 0 and trains(optimizer):
+        if self.depth == 0 and could_train(optimizer):
             self.taken += 1
-
-
-def trains(optimizer) -> bool:
-    """Some learning rate above 0 and some gradient nonzero: a step that can change the model."""
-    lrs = [float(g["lr"]) for g in optimizer.param_groups if "lr" in g]
-    if lrs and not any(lrs):
-        return False
-    grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-    return not grads or any(bool((g.to_local() if hasattr(g, "to_local") else g).any()) for g in grads)
 
 
 class ResumedSteps(StepRecorder):
@@ -124,9 +118,9 @@ def _run_phase(job: PhaseJob) -> PhaseResult:
         return _resumed(job, fn, ctx.rank)
     if job.phase == "line":
         return _line(job, fn, ctx.rank, ctx.seed)
-    with in_folder(job.folder):
+    with in_folder(job.folder), Digests().installed() as seen:
         side, notes = run_side(job.loop, fn, ctx.rank)
-    return PhaseResult(side, notes)
+    return PhaseResult(side, notes, digests=seen.digests)
 
 
 def _line(job: PhaseJob, fn, rank: int, seed: int) -> PhaseResult:
@@ -159,9 +153,9 @@ def _interrupted(job: PhaseJob, fn, rank: int) -> PhaseResult:
         made.append(StopBefore(job.stop_after, watch))
         return made[-1]
 
-    with in_folder(job.folder):
+    with in_folder(job.folder), Digests().installed() as seen:
         _, notes = run_side(job.loop, fn, rank, recorder=recorder, watched=False)
-    return PhaseResult(notes=notes, taken=made[-1].taken if made else 0)
+    return PhaseResult(notes=notes, taken=made[-1].taken if made else 0, digests=seen.digests)
 
 
 def _resumed(job: PhaseJob, fn, rank: int) -> PhaseResult:
