@@ -42,7 +42,7 @@ from tabulate import tabulate
 ROOT = Path(__file__).resolve().parent.parent
 
 MODERN_FILE = '''
-import functools, json, os, time, pytest
+import functools, json, math, os, time, pytest
 from pytest_mgpu import ParityError
 from tests import modern_trainers as M
 from tests import modern_public as T
