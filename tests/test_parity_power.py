@@ -43,7 +43,9 @@ def test_a_resume_that_reproduces_itself_is_judged_bitwise(dist, bug):
     first = str(failure.value).splitlines()[0]
     print(first)
     assert first.startswith("not bitwise: at step 1")
-    assert "(a correct resume on these kernels is bitwise equal here: its first 14 steps reproduced exactly)" in first
+    assert first.endswith("the resumed run differs from the uninterrupted one, whose first 14 steps the interrupted "
+                          "run reproduced exactly")
+    assert "tolerance: bitwise (a correct resume on these kernels is bitwise equal here" in str(failure.value)
 
 
 @world_sizes(2)

@@ -220,6 +220,10 @@ def loop_notes(ranks: List[SideLog], ref: SideLog, layout: Layout) -> List[str]:
             notes.append(f"{who}: steps recorded with {' or '.join(map(str, multi))} backward passes each (gradient "
                          "accumulation): a step's loss is the sum of the losses backpropagated since the previous "
                          "step, as its gradient is")
+    lossy = next((s for s in ranks if s.reduce_dtype), None)
+    if lossy is not None:
+        notes.append(f"the ranks reduce their gradients in {lossy.reduce_dtype} ({lossy.reduced_by}): gradients "
+                     f"differ from one device at the {lossy.reduce_dtype} level, and the line takes that precision")
     how = layout.describe()
     if how:
         notes.append(f"judged by what each rank holds: {how}")
@@ -234,7 +238,7 @@ def lowest_precision(sides: List[SideLog]) -> str:
     left out: the reference's twin computes in it and measures it (counting it too loosened the line
     to bfloat16's eps everywhere, and a loss x world-size bug under autocast came within 5.7x of it,
     against 4,220x)."""
-    seen = {d for side in sides for d in (side.dtype, side.loss_dtype) if d in EPS}
+    seen = {d for side in sides for d in (side.dtype, side.loss_dtype, side.reduce_dtype) if d in EPS}
     return max(seen, key=EPS.__getitem__, default="float32")
 
 

@@ -180,6 +180,7 @@ NO_CAUSE: Final = ("no known cause detected: look for rank-dependent code, non-d
                    "state kept between steps; rerun with steps=1 to see if the first step already diverges.")
 
 
+START_APART: Final = "the ranks start from different weights"
 # The generic words for gradients off by one factor: left out where a loop hint names the factor's cause.
 GENERIC_FACTOR: Final = ("every gradient is ", "gradients scaled by a constant", "loss reduction='sum'")
 
@@ -188,7 +189,11 @@ def likely_causes(report: Report) -> List[str]:
     """The user's own training loops first (what their loops were seen doing: the most specific
     evidence), then hints read from the numbers, then the facts of the strategy."""
     loop = loop_hints(report)
-    hints = loop + number_hints(report) + [h for h in (hint(report) for hint in FACT_HINTS) if h]
+    numbers = number_hints(report)
+    # The earliest evidence a run can hold: the weights before any update already differ between ranks.
+    # Whatever else went wrong later follows from it, so it is said first.
+    first = [h for h in numbers if h.startswith(START_APART)]
+    hints = first + loop + [h for h in numbers if h not in first] + [h for h in (hint(report) for hint in FACT_HINTS) if h]
     if any(h.startswith(("gradient accumulation", "gradient clipping")) for h in loop):
         hints = [h for h in hints if not h.startswith(GENERIC_FACTOR)]
     return hints or [NO_CAUSE]

@@ -51,7 +51,8 @@ def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Lay
     facts.ref_clips = [_factors(s) for s in ref.steps]
     facts.rank_clip_norms = [[c[0] for c in s.steps[i].clips] for s in ranks[:1] for i in range(steps)]
     facts.ref_clip_norms = [[c[0] for c in s.clips] for s in ref.steps]
-    facts.clips_dtensors = any(len(c) > 2 and c[2] for side in ranks for s in side.steps for c in s.clips)
+    facts.clips_dtensors = any(side.dtensors for side in ranks) or any(
+        len(c) > 2 and c[2] for side in ranks for s in side.steps for c in s.clips)
     for who, side in [(REFERENCE, ref)] + [(f"fn on rank {r}", s) for r, s in enumerate(ranks)]:
         if side.foreign:
             facts.foreign[who], facts.unstepped[who] = list(side.foreign), list(side.unstepped)

@@ -53,7 +53,7 @@ class UserFacts(RunFacts):
     ref_clips: List[List[float]] = field(default_factory=list)  # per step: the reference's clip factors
     rank_clip_norms: List[List[float]] = field(default_factory=list)  # per step: rank 0's total norms clipped
     ref_clip_norms: List[List[float]] = field(default_factory=list)  # per step: the reference's
-    clips_dtensors: bool = False  # the ranks clipped DTensor parameters
+    clips_dtensors: bool = False  # the ranks' parameters (or the norms they clipped) are DTensors
     nonfinite: Dict[str, List[str]] = field(default_factory=dict)  # side -> parameters not finite at step 0
     rank_states: List[tuple] = field(default_factory=list)  # per step: rank 0's optimizer (held, step count)
     ref_states: List[tuple] = field(default_factory=list)  # per step: the reference's

@@ -143,14 +143,16 @@ def _one_side(step: int, factors: List[float], who: str, other: str) -> str:
 
 
 def state_hint(f: UserFacts) -> Hint:
-    """The first step at which the optimizers held other state: a fresh optimizer where the other
-    side's carried on (its state not restored), or step counters that restarted."""
+    """The first step at which the optimizers' state tells of a restart: step counters that differ,
+    or one side with no state where the other has some (a fresh optimizer, not restored). How many
+    tensors each side holds state for is not evidence by itself: a sharded optimizer (ZeRO, expert
+    or FSDP shards) holds a part on each rank from its first step, as long as it trains."""
     for step, (mine, theirs) in enumerate(zip(f.rank_states, f.ref_states)):
-        if tuple(mine) == tuple(theirs):
-            continue
         (held, count), (ref_held, ref_count) = mine, theirs
-        if held == ref_held and min(count, ref_count) < 0:
-            return NONE  # an optimizer without step counters on one side: not comparable
+        counters = count >= 0 and ref_count >= 0 and count != ref_count
+        fresh = step > 0 and (held == 0) != (ref_held == 0)
+        if not (counters or fresh):
+            continue
         what = (f"fn on the ranks' optimizer held state for {held} parameter(s) (step count {count:g}), "
                 f"reference_fn's for {ref_held} (step count {ref_count:g})")
         return step, (f"the optimizer's state differs: before step {step} {what}. An optimizer built anew and not "

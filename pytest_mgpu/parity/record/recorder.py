@@ -92,6 +92,9 @@ class SideLog:
     autocast: str = ""  # the dtype autocast computed in ("" if off)
     loss_dtype: str = ""  # the dtype of the loss backpropagated (bfloat16 under FSDP's param_dtype=bf16)
     tensor_parallel: bool = False  # DTensor parameters, not FSDP's: every rank must see the same rows
+    dtensors: bool = False  # DTensor parameters of any kind (FSDP2's too)
+    reduce_dtype: str = ""  # the precision gradients are reduced in, where below the parameters' (a bf16 comm hook)
+    reduced_by: str = ""  # what reduces them so: "DDP's bf16_compress_hook", "FSDP's MixedPrecision(reduce_dtype=...)"
     foreign: List[str] = field(default_factory=list)  # stepped parameters of no module run forward
     unstepped: List[str] = field(default_factory=list)  # trained model's parameters no optimizer steps
     set_epoch_calls: int = 0  # DistributedSampler.set_epoch calls seen
@@ -192,8 +195,35 @@ def describe(side: SideLog, models: List[Tuple[str, Any]], params: Dict[str, Any
         fsdp = any(type(m).__name__.startswith("FSDP") for m in model.modules())
         dtensor = any(hasattr(p, "full_tensor") for p in model.parameters())
         side.tensor_parallel = side.tensor_parallel or (dtensor and not fsdp)
+        side.dtensors = side.dtensors or dtensor
+        if not side.reduce_dtype:
+            side.reduce_dtype, side.reduced_by = lossy_reduction(model)
     first = next((t for t in params.values() if t is not None), None)
     side.dtype = dtype_name(first.dtype) if first is not None else ""
+
+
+def lossy_reduction(model) -> Tuple[str, str]:
+    """(dtype, what) where a wrapper reduces gradients in a lower precision than they are kept in:
+    DDP's fp16/bf16 compression hooks (registered or built in), FSDP1's ``MixedPrecision(reduce_dtype=)``."""
+    import torch
+
+    for m in model.modules():
+        if isinstance(m, torch.nn.parallel.DistributedDataParallel):
+            names = [getattr(h, "__qualname__", getattr(h, "__name__", "")) for h, _ in getattr(m, "_comm_hooks", [])]
+            try:
+                names.append(str(m._get_ddp_logging_data().get("comm_hook", "")))
+            except Exception:  # noqa: BLE001 - the logging data is a diagnostic, absent in some builds
+                pass
+            for name in names:
+                low = name.lower()
+                if "bf16" in low or "fp16" in low:
+                    hook = name.split(".")[0] or name
+                    return ("bfloat16" if "bf16" in low else "float16"), f"DDP's {hook}"
+        policy = getattr(m, "mixed_precision", None)
+        reduce = getattr(policy, "reduce_dtype", None)
+        if reduce in (torch.bfloat16, torch.float16):
+            return dtype_name(reduce), f"FSDP's MixedPrecision(reduce_dtype={dtype_name(reduce)})"
+    return "", ""
 
 
 def record(fn, args: tuple, kwargs: dict, steps: int) -> SideLog:

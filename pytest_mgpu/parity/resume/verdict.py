@@ -138,17 +138,15 @@ def failure_message(run: Run, report: ParityReport, found: List[Finding]) -> str
         first = failures[0][0]
         bad = len({(e.kind, e.name) for s, e, _ in failures if s == first})
         nth = first - min(rec.step for rec in report.records) + 1
-        head = (f"not bitwise: at step {first} ({_ordinal(nth)} resumed step) the resumed run of {run.name} differs "
-                f"from the uninterrupted one (a correct resume on these kernels is bitwise equal here: its first "
-                f"{run.stop_after} steps reproduced exactly); stopped after step {run.stop_after} of {run.steps}, "
-                f"resumed ({ranks})")
+        head = (f"not bitwise: at step {first} ({_ordinal(nth)} resumed step) the resumed run differs from the "
+                f"uninterrupted one, whose first {run.stop_after} steps the interrupted run reproduced exactly")
     elif failures:
         first = failures[0][0]
         bad = len({(e.kind, e.name) for s, e, _ in failures if s == first})
         head += f"diverges from the uninterrupted run at step {first}"
     else:
         head += "trains like the uninterrupted run where both ran, but not for the steps asked"
-    head += f" ({bad} tensor(s) over the line)" if failures else ""
+    head += f" ({bad} tensor(s) over the line)" if failures and not head.startswith("not bitwise") else ""
     generic = likely_causes(report)
     cause = found[0].short() if found else generic[0]
     top = [head, f"likely cause: {cause if len(cause) <= 300 else cause[:297] + '...'}", *([found[0].evidence] if found else []), report.notes[0]]
