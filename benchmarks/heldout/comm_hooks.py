@@ -5,8 +5,6 @@ The hand-written hook follows ``torch/distributed/algorithms/ddp_comm_hooks/defa
 future's ``then``); the other variant registers ``default_hooks.bf16_compress_hook`` as the DDP
 communication-hook docs show (``ddp.register_comm_hook(state=None, hook=...)``). SGD with momentum.
 """
-from __future__ import annotations
-
 import torch
 import torch.distributed as tdist
 import torch.nn.functional as F
@@ -29,11 +27,12 @@ BUGS = {
 class HookState:
     """What the hand-written hook needs: the bug flag and a count of finished iterations."""
 
-    def __init__(self, bug: str | None):
+    def __init__(self, bug):
         self.bug, self.iteration = bug, 0
 
 
-def allreduce_hook(state: HookState, bucket) -> torch.futures.Future:
+def allreduce_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
+    # (no ``from __future__ import annotations`` here: DDP checks this annotation's value)
     """Average the bucket over the default group (or not, under a bug)."""
     tensor, w = bucket.buffer(), tdist.get_world_size()
     skip = state.bug == "hook_skip_first" and state.iteration == 0
@@ -57,12 +56,12 @@ def model() -> nn.Sequential:
     return nn.Sequential(nn.Linear(DIM, 32), nn.Tanh(), nn.Linear(32, CLASSES))
 
 
-def global_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+def global_batch(step: int):
     """The global rows of a step."""
     return classify_rows(3000 + step, GLOBAL_BATCH, DIM, CLASSES)
 
 
-def train(world_size: int, bug: str | None = None, variant: str | None = None) -> None:
+def train(world_size: int, bug=None, variant=None) -> None:
     """Every rank: DDP with the chosen hook (``variant`` "allreduce" or "bf16"), SGD momentum."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 

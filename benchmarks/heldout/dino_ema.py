@@ -58,6 +58,7 @@ class DINOLoss(nn.Module):
 
     @torch.no_grad()
     def update_center(self, teacher_output: torch.Tensor) -> None:
+        """main_dino.py's center update: an EMA of the (all-reduced) mean teacher output."""
         batch_center = teacher_output.sum(dim=0, keepdim=True)
         w = self.world_size
         if w > 1 and self.bug != "center_not_reduced":

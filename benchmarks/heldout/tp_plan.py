@@ -3,8 +3,9 @@
 Follows pytorch/examples ``distributed/tensor_parallelism/tensor_parallel_example.py`` (a ToyModel
 ``in_proj -> relu -> out_proj`` parallelized ``{"in_proj": ColwiseParallel(), "out_proj":
 RowwiseParallel()}``, AdamW with ``foreach=True``, every TP rank fed the same input by seeding it
-with the iteration) and the TP tutorial's plan per block, here two such blocks and a replicated
-head; an MSE loss on seeded targets.
+with the iteration) and the TP tutorial's plan per block, here two such blocks and a
+head parallelized as the tutorial's output layer
+(``ColwiseParallel(output_layouts=Replicate())``); an MSE loss on seeded targets.
 """
 from __future__ import annotations
 
@@ -68,12 +69,13 @@ def _train(model: nn.Module, lr: float, data, scale: float = 1.0) -> None:
 def train(world_size: int, bug: str | None = None, variant: str | None = None) -> None:
     """Every rank: the same batch, the blocks' Linears split column- then row-wise."""
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     if bug == "seed_apart":
         reseed_apart()
     mesh = init_device_mesh("cpu", (world_size,))
-    plan = {}
+    plan = {"head": ColwiseParallel(output_layouts=Replicate())}
     for i in range(2):
         plan[f"blocks.{i}.in_proj"], plan[f"blocks.{i}.out_proj"] = ColwiseParallel(), RowwiseParallel()
     src = None if bug == "seed_apart" else 0
