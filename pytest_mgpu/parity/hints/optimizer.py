@@ -104,11 +104,14 @@ def _clipped_otherwise(f: UserFacts, step: int, ranks: List[List[float]], a: flo
     norms = f.rank_clip_norms[step] if step < len(f.rank_clip_norms) else []
     ref_norms = f.ref_clip_norms[step] if step < len(f.ref_clip_norms) else []
     head = f"gradient clipping differs: at step {step} the reference clipped its gradients by a factor of {b:.4g}, the ranks by {per_rank} (rank 0 first)"
-    if not (norms and ref_norms and ref_norms[0] > 0 and math.isfinite(norms[0])):
+    if norms and ref_norms and ref_norms[0] > 0 and math.isfinite(norms[0]):
+        ratio = norms[0] / ref_norms[0]
+        seen = f"total norms before clipping {norms[0]:.4g} on rank 0 against {ref_norms[0]:.4g}: {ratio:.4g}x"
+    elif 0 < a < 1 and 0 < b < 1:  # clipped by hand on one side: the norm each used, from max_norm / factor
+        ratio = b / a
+        seen = f"the norms the factors imply (max_norm / factor) {ratio:.4g}x"
+    else:
         return head + ": the gradients they clip already differ (see the gradients' rows)."
-    n, m = norms[0], ref_norms[0]
-    ratio = n / m
-    seen = f"total norms before clipping {n:.4g} on rank 0 against {m:.4g}: {ratio:.4g}x"
     k = f.rank_backwards
     if k > 1 and abs(ratio - k) <= 0.05 * k:
         return (f"gradient accumulation without dividing the loss (gradients before clipping {ratio:.3g}x the "

@@ -135,8 +135,9 @@ def fsdp1_full_params(model):
         return contextlib.nullcontext()
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    if not any(isinstance(m, FSDP) for m in model.modules()):
-        return contextlib.nullcontext()
+    units = [m for m in model.modules() if isinstance(m, FSDP)]
+    if not units or not all(getattr(m, "_use_orig_params", True) for m in units):
+        return contextlib.nullcontext()  # use_orig_params=False: its flat parameters are read by fsdp1_flat
     return FSDP.summon_full_params(model, with_grads=True, writeback=False)
 
 

@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from ...timing.structure.counter import quiet
 from .mesh import tp_peers
 from .recorder import SideLog, StepLog, clean_name, describe, dtype_name, fsdp1_full_params, full_copy, unwrap
+from .fsdp1_flat import expand, is_flat, units
 from .watch import Inputs, Watch
 
 
@@ -80,11 +81,7 @@ class StepRecorder:
         lrs = [float(g["lr"]) for g in optimizer.param_groups if "lr" in g]
         self._lr_zero = bool(lrs) and not any(lrs)
         models = self._owners(named)
-        with contextlib.ExitStack() as stack:
-            for _, root in models:
-                stack.enter_context(fsdp1_full_params(root))
-            grads = {n: full_copy(p.grad) for n, p in named}
-            params = {n: full_copy(p) for n, p in named}
+        params, grads = read_full(named, models)
         if any(g is not None for g in grads.values()) and all(g is None or not bool(g.any()) for g in grads.values()):
             self._before = {n: _local(p).detach().clone() for n, p in named}
         if not self.side.steps:
@@ -114,10 +111,7 @@ class StepRecorder:
         elif len(self.side.steps) < self.steps:
             return
         named = self._named(optimizer)
-        with contextlib.ExitStack() as stack:
-            for _, root in self._owners(named):
-                stack.enter_context(fsdp1_full_params(root))
-            self.side.final = {n: full_copy(p) for n, p in named}
+        self.side.final = read_full(named, self._owners(named))[0]
         raise StopTraining(f"stopped after optimizer step {self.steps}")
 
     def _changed_nothing(self, optimizer) -> bool:
@@ -184,6 +178,28 @@ class StepRecorder:
         if [tuple(p.shape) for p in foreign] == [tuple(p.shape) for _, p in unstepped]:
             return {id(p): n for p, (n, _) in zip(foreign, unstepped)}
         return {}
+
+
+def read_full(named: List[Tuple[str, Any]], models: List[Tuple[str, Any]]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(params, grads): CPU copies of whole tensors, under the models' names. DTensors are gathered,
+    FSDP1 units unsharded (with ``use_orig_params=False``, each flat parameter is read as torch lays
+    it out: ``fsdp1_flat``)."""
+    flats = units([unwrap(root) for _, root in models]) if any(is_flat(p) for _, p in named) else {}
+    params: Dict[str, Any] = {}
+    grads: Dict[str, Any] = {}
+    with contextlib.ExitStack() as stack:
+        if not flats:
+            for _, root in models:
+                stack.enter_context(fsdp1_full_params(root))
+        for n, p in named:
+            if id(p) in flats:
+                path, unit = flats[id(p)]
+                more, more_grads = expand(n, p, path, unit, clean_name)
+                params.update(more)
+                grads.update(more_grads)
+            else:
+                grads[n], params[n] = full_copy(p.grad), full_copy(p)
+    return params, grads
 
 
 def quietly(hook: Callable) -> Callable:

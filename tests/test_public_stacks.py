@@ -1,0 +1,28 @@
+"""Stacks torch ships, each as its public code writes it, correct and passing under
+``assert_same_training`` (``benchmarks/heldout/``: written from the tutorials and torch's own docs,
+held out from the diagnosis work while ``benchmarks/parity_diagnosis.py`` measured it):
+
+- FSDP1 at its defaults (``use_orig_params=False``: the optimizer steps flat parameters, read as
+  torch lays them out; ``summon_full_params(with_grads=True)`` is not supported there);
+- DDP with ``bf16_compress_hook`` (the line takes the precision the gradients are reduced in);
+- ``ZeroRedundancyOptimizer`` over DDP (each rank's optimizer holds a shard of the state);
+- an expert-parallel MoE layer with ``all_to_all_single``."""
+import functools
+import importlib
+
+import pytest
+
+from pytest_mgpu import world_sizes
+
+
+@world_sizes(2)
+@pytest.mark.parametrize("family, variant", [("fsdp1", None), ("comm_hooks", "bf16"), ("zero_ddp", None),
+                                             ("moe_ep", None)])
+def test_correct_public_stack_passes(dist, family, variant):
+    fam = importlib.import_module(f"benchmarks.heldout.{family}")
+    report = dist.assert_same_training(functools.partial(fam.train, variant=variant), fam.reference,
+                                       dist.world_size, steps=fam.STEPS, record="optimizer")
+    print(report.format().splitlines()[0])
+    if family == "comm_hooks":
+        assert any("reduce their gradients in bfloat16 (DDP's bf16_compress_hook)" in n for n in report.notes), report.notes
+    assert report.passed
