@@ -181,8 +181,15 @@ NO_CAUSE: Final = ("no known cause detected: look for rank-dependent code, non-d
 
 
 START_APART: Final = "the ranks start from different weights"
+REPLICA_CAUSES: Final = ("one rank's update differs", "gradients are not synchronized between ranks")
 # The generic words for gradients off by one factor: left out where a loop hint names the factor's cause.
 GENERIC_FACTOR: Final = ("every gradient is ", "gradients scaled by a constant", "loss reduction='sum'")
+
+
+def _replicas_first(report: Report) -> bool:
+    """Replicas (rows ``rank r: <name>``) fail at the first diverging step: the earliest evidence."""
+    failures = report.failures()
+    return bool(failures) and any(s == failures[0][0] and e.name.startswith("rank ") for s, e, _ in failures)
 
 
 def likely_causes(report: Report) -> List[str]:
@@ -190,9 +197,10 @@ def likely_causes(report: Report) -> List[str]:
     evidence), then hints read from the numbers, then the facts of the strategy."""
     loop = loop_hints(report)
     numbers = number_hints(report)
-    # The earliest evidence a run can hold: the weights before any update already differ between ranks.
-    # Whatever else went wrong later follows from it, so it is said first.
-    first = [h for h in numbers if h.startswith(START_APART)]
+    # Ranks that should be equal and are not, at the first step that diverges: the evidence sits in one
+    # phase of that step (the weights before any update, one rank's update, the synchronized
+    # gradients), and whatever else differs follows from it, so it is said first.
+    first = [h for h in numbers if h.startswith(START_APART) or (h.startswith(REPLICA_CAUSES) and _replicas_first(report))]
     hints = first + loop + [h for h in numbers if h not in first] + [h for h in (hint(report) for hint in FACT_HINTS) if h]
     if any(h.startswith(("gradient accumulation", "gradient clipping")) for h in loop):
         hints = [h for h in hints if not h.startswith(GENERIC_FACTOR)]

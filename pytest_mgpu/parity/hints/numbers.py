@@ -163,6 +163,12 @@ def _replicas(report: Report, f: UserFacts) -> str:
                 "initialized differently per rank (a seed that depends on the rank, or random init "
                 "after seeding per rank) and never broadcast. Fix: seed every rank alike before "
                 "building the model, or broadcast rank 0's parameters (DDP's constructor does).")
+    if "param" in kinds and not f.tensor_parallel:
+        return (f"one rank's update differs: the weights before step {step} differ between ranks ({where}), "
+                f"though up to step {step - 1} the ranks agreed: the update of step {step - 1} was not the "
+                "same on every rank (a learning rate, scheduler or optimizer state that depends on the rank, "
+                "a step or clipping taken on some ranks only, or a model changed outside the optimizer on one "
+                "rank). Fix: build the optimizer and scheduler alike on every rank and step them on every rank.")
     if f.tensor_parallel:
         return (f"gradients not reduced across the tensor-parallel group: {where}. A parameter kept whole on "
                 "every rank of a tensor/sequence-parallel mesh (a norm's weight under sequence parallelism, a "
