@@ -23,6 +23,25 @@ def brief(hint: str, limit: int = 300) -> str:
     return line if len(line) <= limit else line[:limit - 3].rstrip() + "..."
 
 
+def cited(hint: str, limit: int = 300) -> str:
+    """``"<what> (<evidence>). Fix: <first sentence of the fix>"``: ``brief`` with the first sentence
+    of the evidence the hint gives after ``"<what>: "``, cut to fit ``limit`` (left out where less
+    than 40 characters of it would fit)."""
+    text = " ".join(hint.split())
+    head = brief(hint, limit)
+    if ": " not in text[:160] or "Fix: " not in text:
+        return head
+    rest = text.split(": ", 1)[1].split("Fix: ", 1)[0]
+    evidence = _sentence(rest.strip()).strip()
+    what, fix = head.split(". Fix: ", 1) if ". Fix: " in head else (head, "")
+    room = limit - len(what) - len(fix) - len(" (). Fix: ")
+    if not evidence or room < 40 or "(" in what:  # a what that carries its evidence already
+        return head
+    if len(evidence) > room:
+        evidence = evidence[:room - 3].rstrip() + "..."
+    return f"{what} ({evidence}). Fix: {fix}"
+
+
 def fit(lines: List[str], budget: int = HEAD_BUDGET) -> List[str]:
     """The head lines of a message, each later one cut so that all fit in ``budget`` characters with
     their newlines (a line with less than 40 characters of room is left out)."""

@@ -53,6 +53,15 @@ def test_desync(dist):
 """
 
 
+def assert_cause(cause: str, text: str) -> None:
+    """The first ``likely cause:`` line of ``text`` names ``cause`` (its what, then its evidence in parentheses),
+    and gives its fix."""
+    what, fix = cause.split(". Fix: ", 1)
+    line = next(line for line in text.splitlines() if line.startswith("likely cause: "))
+    assert line.startswith(what + " (") or line.startswith(what + ". Fix"), text
+    assert f". Fix: {fix}" in line, text
+
+
 def junit_head(message: str, budget: int = 500) -> str:
     """What a junit ``message`` attribute keeps of a failure's message under pytest >= 9.2: whole
     lines while they fit in 500 characters (an older pytest keeps more; CI annotations show this)."""
@@ -84,8 +93,9 @@ def test_the_junit_message_carries_the_cause(tmp_path):
     messages = {case.get("name"): case.find("failure").get("message")
                 for case in ET.parse(xml).getroot().iter("testcase") if case.find("failure") is not None}
     for name, words in {
-        "test_batchnorm[gpu2]": ["diverges from one device at step 0", "likely cause: BatchNorm without SyncBatchNorm. "
-                                 "Fix: convert with torch.nn.SyncBatchNorm.convert_sync_batchnorm"],
+        "test_batchnorm[gpu2]": ["diverges from one device at step 0", "likely cause: BatchNorm without SyncBatchNorm (1 "
+                                 "BatchNorm module(s) in training mode", "). Fix: convert with "
+                                 "torch.nn.SyncBatchNorm.convert_sync_batchnorm"],
         "test_hang[gpu4]": ["rank(s) failed (hung)", "first cause: rank 0 did not finish within 5s (hung",
                             "fix: "],
         "test_desync[gpu4]": ["collectives disagree (flight recorder): collective #2: rank 1 entered broadcast"],

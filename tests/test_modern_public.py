@@ -9,7 +9,7 @@ import pytest
 
 from pytest_mgpu import ParityError, world_sizes
 from tests import modern_public as T
-from tests.test_junit_messages import junit_head
+from tests.test_junit_messages import assert_cause, junit_head
 
 P = functools.partial
 
@@ -80,7 +80,10 @@ def _bug(dist, name):
     with pytest.raises(ParityError) as info:
         dist.assert_same_training(fn, ref, dist.world_size, steps=steps, record="optimizer")
     head = junit_head(f"pytest_mgpu.parity.report.ParityError: {info.value}")
-    assert f"likely cause: {cause}" in head, str(info.value)
+    if ". Fix: " in cause:  # the cause, its evidence in parentheses, then its fix
+        assert_cause(f"likely cause: {cause}", head)
+    else:
+        assert f"likely cause: {cause}" in head, str(info.value)
 
 
 @world_sizes(2)

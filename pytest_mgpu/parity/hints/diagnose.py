@@ -8,7 +8,7 @@ from typing import Callable, Final, List, Tuple
 
 from tabulate import tabulate
 
-from ...brief import brief, fit
+from ...brief import cited, fit
 
 from .numbers import Report, common_factor, number_hints
 from .loops import loop_hints
@@ -216,7 +216,7 @@ def failure_message(report: Report) -> str:
     lines = fit([
         f"{report.describe()} diverges from one device at step {first} (of {len(report.records)}): "
         f"{n_bad} of {n_all} tensors exceed the tolerance",
-        f"likely cause: {brief(causes[0])}" if causes[0] is not NO_CAUSE else "likely cause: none known (below)",
+        f"likely cause: {cited(causes[0])}" if causes[0] is not NO_CAUSE else "likely cause: none known (below)",
     ]) + [
         f"tolerance: {report.tolerance.describe()}",
         *[f"note: {n}" for n in report.notes],
