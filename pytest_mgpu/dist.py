@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+from .cuda_only import add_cuda_hint
 from .devices import DevicePlan
 from .launch.errors import RankFailure
 from .launch.protocol import pack_call
@@ -202,6 +203,8 @@ class Dist:
         except RankFailure as failure:
             self.calls.append(CallRecord(nprocs, 0.0, time.perf_counter() - t0, False))
             self._echo(failure.logs)
+            # code written for GPUs on emulated CPU ranks: name the CUDA-only line and the portable one
+            add_cuda_hint(failure, self.emulated and self.device_type == "cpu", self.plan.shared_gpus)
             raise failure.with_traceback(None) from None
         self.calls.append(CallRecord(nprocs, result.startup_s, result.wall_s, True))
         self._echo(result.logs)

@@ -93,10 +93,7 @@ def _phase(dist, job: PhaseJob, nprocs: int, timeout: Optional[float], run: Run)
     __tracebackhide__ = True
     try:
         return dist.run_on(nprocs, run_phase, job, timeout=timeout)
-    except RankFailure as failure:
-        from ...cuda_only import add_cuda_hint
-
-        add_cuda_hint(failure, dist.emulated and dist.device_type == "cpu", dist.plan.shared_gpus)
+    except RankFailure as failure:  # dist.run_on named a CUDA-only call already
         failure.what += f" in the {job.phase} phase"
         if job.phase == "resumed":
             failure.what += f" at {nprocs} ranks"
