@@ -69,6 +69,7 @@ def assert_resumes(dist, fn, *args, steps: int, stop_after: int, world_size_afte
 
 
 def _validate(steps, stop_after, world_size_after, world: int) -> int:
+    __tracebackhide__ = True
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 2:
         raise ValueError(f"assert_resumes(steps=...) must be an integer of at least 2 (the optimizer steps of the "
                          f"whole run), got {steps!r}")
@@ -112,6 +113,7 @@ def _reshard_hint(run: Run, before: int, after: int) -> str:
 
 
 def _check_steps(phase: str, taken: List, want: int, run: Run) -> None:
+    __tracebackhide__ = True
     short = sorted({int(t or 0) for t in taken if int(t or 0) < want})
     if not short:
         return
