@@ -115,14 +115,17 @@ class Dist:
                   strategy: Optional[str] = None, group: Optional[str] = None,
                   params: Optional[Dict[str, Any]] = None, single_process: bool = False,
                   min_run_time: Optional[float] = None, timeout: Optional[float] = None,
-                  **kwargs: Any) -> "Measurement":
+                  global_batch: Optional[int] = None, **kwargs: Any) -> "Measurement":
         """Time ``fn`` in every rank and return a ``Measurement``; the keywords are
-        ``pytest_mgpu.timing.measure.benchmark``'s (iterations, names, the report's group and params)."""
+        ``pytest_mgpu.timing.measure.benchmark``'s (iterations, names, the report's group and params).
+        ``global_batch``: the samples one step processes over all ranks together (per-rank batch x
+        ranks), which gives throughput; ``batch_size`` is its older name, with the same meaning."""
+        __tracebackhide__ = True
         from .timing.measure import benchmark
 
         return benchmark(self, fn, *args, warmup=warmup, repeat=repeat, name=name, batch_size=batch_size,
                          strategy=strategy, group=group, params=params, single_process=single_process,
-                         min_run_time=min_run_time, timeout=timeout, **kwargs)
+                         min_run_time=min_run_time, timeout=timeout, global_batch=global_batch, **kwargs)
 
     def assert_parity(self, strategy: Union[str, Callable[..., Any]], model_fn: Callable[..., Any],
                       batch_fn: Callable[..., Any], **kwargs: Any) -> "ParityReport":
