@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+from .cuda_only import add_cuda_hint
 from .devices import DevicePlan
 from .launch.errors import RankFailure
 from .launch.protocol import pack_call
@@ -114,14 +115,17 @@ class Dist:
                   strategy: Optional[str] = None, group: Optional[str] = None,
                   params: Optional[Dict[str, Any]] = None, single_process: bool = False,
                   min_run_time: Optional[float] = None, timeout: Optional[float] = None,
-                  **kwargs: Any) -> "Measurement":
+                  global_batch: Optional[int] = None, **kwargs: Any) -> "Measurement":
         """Time ``fn`` in every rank and return a ``Measurement``; the keywords are
-        ``pytest_mgpu.timing.measure.benchmark``'s (iterations, names, the report's group and params)."""
+        ``pytest_mgpu.timing.measure.benchmark``'s (iterations, names, the report's group and params).
+        ``global_batch``: the samples one step processes over all ranks together (per-rank batch x
+        ranks), which gives throughput; ``batch_size`` is its older name, with the same meaning."""
+        __tracebackhide__ = True
         from .timing.measure import benchmark
 
         return benchmark(self, fn, *args, warmup=warmup, repeat=repeat, name=name, batch_size=batch_size,
                          strategy=strategy, group=group, params=params, single_process=single_process,
-                         min_run_time=min_run_time, timeout=timeout, **kwargs)
+                         min_run_time=min_run_time, timeout=timeout, global_batch=global_batch, **kwargs)
 
     def assert_parity(self, strategy: Union[str, Callable[..., Any]], model_fn: Callable[..., Any],
                       batch_fn: Callable[..., Any], **kwargs: Any) -> "ParityReport":
@@ -202,6 +206,8 @@ class Dist:
         except RankFailure as failure:
             self.calls.append(CallRecord(nprocs, 0.0, time.perf_counter() - t0, False))
             self._echo(failure.logs)
+            # code written for GPUs on emulated CPU ranks: name the CUDA-only line and the portable one
+            add_cuda_hint(failure, self.emulated and self.device_type == "cpu", self.plan.shared_gpus)
             raise failure.with_traceback(None) from None
         self.calls.append(CallRecord(nprocs, result.startup_s, result.wall_s, True))
         self._echo(result.logs)

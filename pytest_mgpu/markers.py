@@ -17,6 +17,8 @@ class MarkerError(ValueError):
 ISOLATE = "mgpu_isolate"
 TIMEOUT = "mgpu_timeout"
 SIMULATE = "simulate"
+BENCHMARK = "mgpu_benchmark"
+STRUCTURE = "mgpu_structure"
 
 
 def marker_help() -> List[str]:
@@ -27,7 +29,10 @@ def marker_help() -> List[str]:
          f"{TIMEOUT}(seconds): this test's limit per dist call (dist.run(timeout=) beats it; it beats "
          "--mgpu-timeout and ini mgpu_timeout)",
          f"{SIMULATE}: a test of the simulated tier (pytest_mgpu.simulate: fake process groups of any "
-         "world size, no devices); `-m simulate` selects these tests, `-m 'not simulate'` keeps them out"]
+         "world size, no devices); `-m simulate` selects these tests, `-m 'not simulate'` keeps them out",
+         f"{BENCHMARK}: a timing test (dist.benchmark); given to every test that calls dist.benchmark in its own "
+         f"body. `-m {BENCHMARK}` or --mgpu-benchmarks=only selects these, --mgpu-benchmarks=skip leaves them out",
+         f"{STRUCTURE}(False): this test's calls are neither judged against nor recorded as structure goldens"]
 
 
 def marker_timeout(item) -> Optional[Tuple[float, str]]:

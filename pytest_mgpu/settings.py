@@ -41,8 +41,12 @@ DEFAULT_MAX_CPU_RANKS: Final = 8
 GateMode = Literal["auto", "fail", "warn"]
 GATE_MODES: Final[Tuple[GateMode, ...]] = get_args(GateMode)
 REPORT_SUFFIXES: Final = ("", ".md", ".json", ".csv")
-# Whether the structure of simulate() and dist.benchmark calls is judged against its golden.
-StructureMode = Literal["check", "off"]
+# Which tests run by whether they time (dist.benchmark): all, only those, or all but those.
+BenchmarkSelection = Literal["all", "only", "skip"]
+BENCHMARK_SELECTIONS: Final[Tuple[BenchmarkSelection, ...]] = get_args(BenchmarkSelection)
+# Whether the structure of simulate() and dist.benchmark calls is judged against its golden: auto
+# judges where the project keeps a goldens file, check also lists the calls that have none.
+StructureMode = Literal["auto", "check", "off"]
 STRUCTURE_MODES: Final[Tuple[StructureMode, ...]] = get_args(StructureMode)
 
 IniType = Literal["string", "bool"]
@@ -106,8 +110,17 @@ BASELINES = Option(
     ini_help="timing baselines directory: see --mgpu-baselines", cli={"metavar": "DIR"})
 SAVE_BASELINES = Option(
     "mgpu_save_baselines", "--mgpu-save-baselines",
-    "append this run's timings (of tests that passed) to the baseline histories",
+    "record both: --mgpu-save-timing and --mgpu-save-structure",
     ini=None, cli={"action": "store_true"})
+SAVE_TIMING = Option(
+    "mgpu_save_timing", "--mgpu-save-timing",
+    "append this run's timings (of tests that passed) to the baseline histories of this machine",
+    ini=None, cli={"action": "store_true"})
+BENCHMARKS = Option(
+    "mgpu_benchmarks", "--mgpu-benchmarks",
+    "run only the timing tests (only: tests marked mgpu_benchmark, or calling dist.benchmark in their own "
+    "body), or all but them (skip); the others are deselected. Default all",
+    ini=None, cli={"choices": BENCHMARK_SELECTIONS})
 REGRESSION = Option(
     "mgpu_regression", "--mgpu-regression",
     "effect size a slowdown must exceed to count as a regression (default 10; ini mgpu_regression)",
@@ -130,21 +143,26 @@ AGAINST = Option(
     f"two sets of ranks, the head/base ratio judges; not saved to a history (ini mgpu_against, env {ENV_AGAINST})",
     ini_help="git revision to measure every dist.benchmark against: see --mgpu-against", env=ENV_AGAINST,
     cli={"metavar": "REV"})
-TIMING_OPTIONS: Final = (BASELINES, SAVE_BASELINES, REGRESSION, GATE, REPORT, PLOT, AGAINST)
+TIMING_OPTIONS: Final = (BASELINES, SAVE_BASELINES, SAVE_TIMING, BENCHMARKS, REGRESSION, GATE, REPORT, PLOT, AGAINST)
 
 STRUCTURE = Option(
     "mgpu_structure", "--mgpu-structure",
     "judge the structure of simulate(), dist.benchmark, assert_parity and assert_same_training calls (collectives "
-    "per step, bytes sent, exact peak memory) against --mgpu-baselines' structure.json: check (default) or off "
-    f"(ini mgpu_structure, env {ENV_STRUCTURE}); record with --mgpu-save-baselines",
-    ini_help="check or off: see --mgpu-structure", env=ENV_STRUCTURE, cli={"choices": STRUCTURE_MODES})
+    "per step, bytes sent, exact peak memory) against --mgpu-baselines' structure.json: auto (default: where that "
+    "file exists), check (also list the calls without a golden) or off (ini mgpu_structure, env "
+    f"{ENV_STRUCTURE}); a test opts out with @pytest.mark.mgpu_structure(False)",
+    ini_help="auto, check or off: see --mgpu-structure", env=ENV_STRUCTURE, cli={"choices": STRUCTURE_MODES})
+SAVE_STRUCTURE = Option(
+    "mgpu_save_structure", "--mgpu-save-structure",
+    "record the structure goldens of this run's calls (tests that passed) into --mgpu-baselines' structure.json",
+    ini=None, cli={"action": "store_true"})
 STRUCTURE_TOLERANCE = Option(
     "mgpu_structure_tolerance", "--mgpu-structure-tolerance",
     "how far bytes sent and peak memory may move from the structure golden, in percent (default 0: exact; "
     f"collective counts are always exact; ini mgpu_structure_tolerance, env {ENV_STRUCTURE_TOLERANCE})",
     ini_help="percent bytes and peak memory may move: see --mgpu-structure-tolerance",
     env=ENV_STRUCTURE_TOLERANCE, cli={"metavar": "PCT"})
-STRUCTURE_OPTIONS: Final = (STRUCTURE, STRUCTURE_TOLERANCE)
+STRUCTURE_OPTIONS: Final = (STRUCTURE, STRUCTURE_TOLERANCE, SAVE_STRUCTURE)
 
 EXTERNAL = Option(
     "mgpu_external", "--mgpu-external",
@@ -337,6 +355,8 @@ class TimingSettings:
     report_paths: Tuple[Path, ...] = ()
     plot_dir: Optional[Path] = None
     against: Optional[str] = None  # git revision of the revision lane (timing.revision)
+    benchmarks: BenchmarkSelection = "all"  # --mgpu-benchmarks: which tests run by whether they time
+    save_flag: str = SAVE_TIMING.flag  # the flag that asked for saving, named in its errors
 
     def mode_for(self, shared_cores: bool) -> Literal["fail", "warn"]:
         """What a regression does. ``auto`` fails on GPUs and on emulated CPU ranks alike (the
@@ -367,34 +387,12 @@ def resolve_timing(option: Callable[[str], object], ini: Callable[[str], object]
     against = src.pick(AGAINST)
     return TimingSettings(
         baselines_dir=base / str(baselines.value) if base is not None else rootpath / "baselines",
-        save=bool(option(SAVE_BASELINES.dest)),
+        save=bool(option(SAVE_BASELINES.dest) or option(SAVE_TIMING.dest)),
+        save_flag=SAVE_TIMING.flag if option(SAVE_TIMING.dest) else SAVE_BASELINES.flag,
         threshold=percentage(src.pick(REGRESSION), DEFAULT_THRESHOLD),
         gate=choice(src.pick(GATE), GATE_MODES, "auto"),  # type: ignore[arg-type]
         report_paths=reports,
         plot_dir=here / str(plots) if plots is not None else None,
         against=str(against.value).strip() if against.value is not None else None,
+        benchmarks=choice(src.pick(BENCHMARKS), BENCHMARK_SELECTIONS, "all"),  # type: ignore[arg-type]
     )
-
-
-# -- the structure settings -------------------------------------------------------------------------
-@dataclass(frozen=True)
-class StructureSettings:
-    mode: StructureMode = "check"
-    tolerance: float = 0.0  # fraction bytes sent and peak memory may move (0: exact)
-
-
-def resolve_structure(option: Callable[[str], object], ini: Callable[[str], object],
-                      environ: Optional[Mapping[str, str]] = None) -> StructureSettings:
-    """The structure settings; command line beats environment beats ini file beats default."""
-    src = Sources(option, ini, environ)
-    given = src.pick(STRUCTURE_TOLERANCE)
-    tolerance = 0.0
-    if given.value is not None:
-        try:
-            tolerance = float(str(given.value).strip().rstrip("%")) / 100.0
-        except ValueError:
-            raise SettingsError(f"{given.where} takes a percentage such as 0 or 5%, got {given.value!r}") from None
-        if not (tolerance >= 0 and math.isfinite(tolerance)):
-            raise SettingsError(f"{given.where} must be a finite percentage of 0 or more, got {given.value!r}")
-    mode = choice(src.pick(STRUCTURE), STRUCTURE_MODES, "check")
-    return StructureSettings(mode=cast(StructureMode, mode), tolerance=tolerance)

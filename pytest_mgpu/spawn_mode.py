@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
-from .cuda_only import add_cuda_hint
-from .launch.errors import RankFailure
 
 if TYPE_CHECKING:
     from torch.distributed import Store
@@ -47,11 +45,8 @@ def spawn(dist, fn: Callable, args: tuple, kwargs: dict) -> List[Any]:
     """The test-process side: send ``fn`` to every rank through ``dist.run``; warn about changes."""
     __tracebackhide__ = True
     prefix = new_prefix()
-    try:
-        outs = dist.run(spawn_entry, Portable.of(fn, "dist.spawn's fn"), prefix, args, kwargs)
-    except RankFailure as failure:  # a script written for GPUs, on CPU ranks: name the call
-        add_cuda_hint(failure, dist.emulated and dist.device_type == "cpu", dist.plan.shared_gpus)
-        raise
+    # a script written for GPUs, on CPU ranks: dist.run names the CUDA-only call
+    outs = dist.run(spawn_entry, Portable.of(fn, "dist.spawn's fn"), prefix, args, kwargs)
     for note in dict.fromkeys(n for out in outs for n in out.notes):
         warnings.warn(f"dist.spawn: {note}", RuntimeWarning, stacklevel=3)
     return [out.value for out in outs]

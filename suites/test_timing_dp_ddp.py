@@ -26,7 +26,7 @@ def test_single_device(dist, arch, batch):
     if reason := tm.scale_skip_reason(S, dist.emulated):
         pytest.skip(reason)
     m = dist.benchmark(tm.single_step, arch, batch, S.image, strategy="single", group=f"{arch}-b{batch}",
-                       batch_size=batch, **S.bench_kwargs())
+                       global_batch=batch, **S.bench_kwargs())
     _check(dist, m, 1)
 
 
@@ -37,7 +37,7 @@ def test_data_parallel(dist, arch, batch):
         pytest.skip("nn.DataParallel needs 2+ GPUs: on CPU its device_ids become [] and forward just "
                     "calls the module, so its time would be the single-device time (MEASURED.md)")
     m = dist.benchmark(tm.dp_step, arch, batch, S.image, strategy="dp", group=f"{arch}-b{batch}",
-                       batch_size=batch, single_process=True, **S.bench_kwargs())
+                       global_batch=batch, single_process=True, **S.bench_kwargs())
     _check(dist, m, 1)
 
 
@@ -47,5 +47,5 @@ def test_ddp(dist, arch, batch):
     if reason := tm.scale_skip_reason(S, dist.emulated):
         pytest.skip(reason)
     m = dist.benchmark(tm.ddp_step, arch, batch, S.image, strategy="ddp", group=f"{arch}-b{batch}",
-                       batch_size=batch, **S.bench_kwargs())
+                       global_batch=batch, **S.bench_kwargs())
     _check(dist, m, dist.world_size)

@@ -20,7 +20,7 @@ def test_fsdp_vs_ddp(dist):
     if reason := tm.scale_skip_reason(S, dist.emulated):
         pytest.skip(reason)
     arch = tm.FSDP_ARCH
-    common = dict(group=f"{arch}-adam-b{BATCH}", batch_size=BATCH, **S.bench_kwargs())
+    common = dict(group=f"{arch}-adam-b{BATCH}", global_batch=BATCH, **S.bench_kwargs())
     ddp = dist.benchmark(tm.ddp_step, arch, BATCH, S.image, "adam", strategy="ddp", **common)
     fsdp = dist.benchmark(tm.fsdp_step, arch, BATCH, S.image, "adam", strategy="fsdp", **common)
     # What FSDP is for: every rank holds a shard of the weights, gradients and Adam moments

@@ -25,7 +25,7 @@ def _skip_if_needed(dist):
 def test_whole_model(dist):
     _skip_if_needed(dist)
     m = dist.benchmark(tm.resnet_whole_step, BATCH, S.image, 1000, ARCH, strategy="single", group=GROUP,
-                       batch_size=BATCH, **S.bench_kwargs())
+                       global_batch=BATCH, **S.bench_kwargs())
     assert len(m.samples) >= 5
 
 
@@ -33,7 +33,7 @@ def test_whole_model(dist):
 def test_model_parallel(dist):
     _skip_if_needed(dist)
     m = dist.benchmark(tm.resnet_split_step, BATCH, S.image, None, 1000, ARCH, strategy="model_parallel", group=GROUP,
-                       batch_size=BATCH, single_process=True, **S.bench_kwargs())
+                       global_batch=BATCH, single_process=True, **S.bench_kwargs())
     assert m.task.processes == 1 and len(m.samples) >= 5
 
 
@@ -45,6 +45,6 @@ def test_pipelined(dist, split_size):
         pytest.skip(f"split size {split_size} > batch {BATCH} at {S.name} scale: one micro-batch, the same "
                     "step as test_model_parallel")
     m = dist.benchmark(tm.resnet_split_step, BATCH, S.image, split_size, 1000, ARCH, strategy="pipeline", group=GROUP,
-                       params={"split_size": split_size}, batch_size=BATCH, single_process=True,
+                       params={"split_size": split_size}, global_batch=BATCH, single_process=True,
                        **S.bench_kwargs())
     assert m.task.processes == 1 and len(m.samples) >= 5

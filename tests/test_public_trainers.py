@@ -98,6 +98,37 @@ def test_bug_in_public_code_fails_with_its_hint(dist, bug):
         assert "not sharded" not in causes and "DistributedSampler(dataset)" not in causes
 
 
+def ones_on_cuda():
+    return torch.ones(1).cuda()
+
+
+def ones_to_rank():
+    rank = torch.distributed.get_rank()
+    return torch.ones(1).to(rank)
+
+
+def set_device_of_rank():
+    torch.cuda.set_device(torch.distributed.get_rank())
+
+
+@world_sizes(2)
+def test_dist_run_run_on_and_run_single_name_a_cuda_only_call(dist):
+    """The plain entry points give the same hint as dist.spawn: the call, its line, the portable one."""
+    if not dist.emulated:
+        pytest.skip("CUDA-only code runs on GPU ranks: the hint is for emulated CPU ranks")
+    calls = [(lambda: dist.run(ones_on_cuda), ".cuda() at test_public_trainers.py", "`return torch.ones(1).cuda()`"),
+             (lambda: dist.run_on(1, ones_to_rank), ".to(<int>) at test_public_trainers.py", "`return torch.ones(1).to(rank)`"),
+             (lambda: dist.run_single(set_device_of_rank), "torch.cuda.set_device(...) at test_public_trainers.py",
+              "`torch.cuda.set_device(torch.distributed.get_rank())`")]
+    for call, what, line in calls:
+        with pytest.raises(RankFailure) as info:
+            call()
+        text = str(info.value)
+        assert f"a CUDA-only call on an emulated CPU rank: {what}" in text, text
+        assert line in text and "pytest_mgpu.rank_device()" in text, text
+        assert info.value.hint.count("a CUDA-only call on an emulated CPU rank") == 1, info.value.hint
+
+
 @world_sizes(2)
 def test_gpu_written_mp_spawn_script_names_its_cuda_only_call(dist):
     with pytest.raises(RankFailure) as info:

@@ -132,3 +132,26 @@ def test_too_few_steps_says_so(dist):
 
     with pytest.raises(ResumeSetupError, match="the uninterrupted run took 24 optimizer step"):
         dist.assert_resumes(ddp_snapshot, steps=30, stop_after=14)
+
+
+FAILING = """
+import pytest
+from suites.resume_trainers import ddp_snapshot
+
+@pytest.mark.gpu2
+def test_resume_bug(dist):
+    dist.assert_resumes(ddp_snapshot, bug="no_optimizer", steps=24, stop_after=14)
+"""
+
+
+def test_a_failure_shows_the_test_line_then_the_message_not_the_plugin_source(pytester):
+    """As assert_same_training's: the test's line and the E lines, no plugin frame, source or arguments."""
+    pytester.makepyfile(test_failing=FAILING)
+    result = pytester.runpytest("-p", "no:cacheprovider", "--mgpu-fallback=cpu")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.lines
+    first_e = next(i for i, line in enumerate(out) if line.startswith("E "))
+    assert out[first_e - 1].startswith(">       dist.assert_resumes(ddp_snapshot"), "\n".join(out[:first_e + 1])
+    shown = "\n".join(out)
+    for plugin_text in ("judge_resume", "PhaseResult(", "verdict.py", "pytest_mgpu/parity"):
+        assert plugin_text not in shown, plugin_text

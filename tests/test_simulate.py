@@ -134,6 +134,15 @@ def test_memory_at_the_end_of_the_last_step_and_per_step_figures():
     assert sim.comm_bytes == sum(s.comm_bytes for s in sim.steps) == 2 * 2 * 3 * 4 * 1000 * 100 // 4
 
 
+def test_an_op_never_issued_counts_zero_and_the_maps_stay_plain_dicts():
+    sim = simulate(train, world_size=4, rank=1)
+    assert sim.collectives["all_gather_into_tensor"] == 0 and sim.comm_bytes_by_op["broadcast"] == 0
+    assert all(s.collectives["reduce_scatter_tensor"] == 0 for s in sim.steps)
+    assert sim.collectives == {"all_reduce": 2} and "all_gather_into_tensor" not in sim.collectives  # nothing added
+    assert repr(sim.collectives) == "{'all_reduce': 2}" and isinstance(sim.collectives, dict)
+    assert pickle.loads(pickle.dumps(sim)).collectives["broadcast"] == 0
+
+
 def test_marked_steps_replace_optimizer_steps():
     sim = simulate(train, marked=True, world_size=4, rank=0)
     assert [s.name for s in sim.steps] == ["train 0", "train 1", "eval"]

@@ -100,12 +100,15 @@ def failure_text(result) -> str:
 
 def test_simulated_recorded_then_checked_then_a_block_left_unwrapped_fails(pytester):
     write(pytester, SIM)
-    new = run(pytester)
+    unwanted = run(pytester)  # a project without goldens: not a word of structure
+    unwanted.assert_outcomes(passed=1)
+    assert "structure" not in unwanted.stdout.str() and "golden" not in unwanted.stdout.str()
+    new = run(pytester, "--mgpu-structure=check")
     new.assert_outcomes(passed=1)
     new.stdout.fnmatch_lines(["*pytest-mgpu structure*", "test_it.py::test_sim  simulate#0 fsdp_sim  new",
-                              "1 call(s) without a golden: not judged; record them with --mgpu-save-baselines*"])
+                              "1 call(s) without a golden: not judged; record them with --mgpu-save-structure*"])
     assert not (pytester.path / "baselines" / "structure.json").exists()  # recorded only when asked
-    run(pytester, "--mgpu-save-baselines").assert_outcomes(passed=1)
+    run(pytester, "--mgpu-save-structure").assert_outcomes(passed=1)
     doc = golden(pytester)
     assert doc["format"] == FORMAT
     [(torch_version, section)] = doc["torch"].items()
@@ -127,7 +130,26 @@ def test_simulated_recorded_then_checked_then_a_block_left_unwrapped_fails(pytes
     before, after = count_change(text, "step 0 (train)", "all_gather_into_tensor", "simulate#0 fsdp_sim, rank 3 of 16")
     assert after == before - 1  # the unwrapped block's parameters join the root's all-gather
     assert re.search(r"; peak [\d.]+ KiB -> [\d.]+ KiB \(\+\d+%\)", text), text  # the root holds them unsharded
-    assert text.endswith("If this change is intended, record it: --mgpu-save-baselines")
+    assert text.endswith("If this change is intended, record it: --mgpu-save-structure")
+
+
+def test_a_test_opts_out_and_each_kind_of_baseline_is_recorded_on_its_own(pytester):
+    out = SIM.replace("def test_sim()", "@pytest.mark.mgpu_structure(False)\ndef test_out()")
+    write(pytester, SIM + out + DDP)
+    folder = pytester.path / "baselines"
+    run(pytester, "--mgpu-save-timing", "-k", "not gpu4").assert_outcomes(passed=3)
+    timing = {p.name: p.read_text() for p in folder.iterdir()}
+    assert timing and "structure.json" not in timing  # timing only: no goldens
+    run(pytester, "--mgpu-save-structure", "-k", "not gpu4").assert_outcomes(passed=3)
+    assert {p.name: p.read_text() for p in folder.iterdir() if p.name != "structure.json"} == timing  # no timing
+    assert sorted(next(iter(golden(pytester)["torch"].values()))) == ["test_it.py::test_ddp[gpu2]",
+                                                                      "test_it.py::test_sim"]  # not test_out
+    (folder / "structure.json").unlink()
+    run(pytester, "--mgpu-save-baselines", "-k", "sim or out").assert_outcomes(passed=2)  # the old flag: both
+    assert list(next(iter(golden(pytester)["torch"].values()))) == ["test_it.py::test_sim"]
+    write(pytester, SIM.replace("def test_sim()", "@pytest.mark.mgpu_structure('no')\ndef test_out()"))
+    bad = run(pytester)
+    assert "@pytest.mark.mgpu_structure takes True or False" in bad.stdout.str() + bad.stderr.str()
 
 
 def test_a_renamed_test_s_old_golden_is_named_when_recording(pytester):
@@ -177,7 +199,7 @@ def test_ddp_bucket_cap_on_real_ranks_at_2_and_4(pytester):
     for w in (2, 4):  # the steady step (step 1: DDP rebuilds its buckets after step 0) all-reduces more
         before, after = count_change(text, "step 1", "all_reduce", f"benchmark ddp, ranks 0-{w - 1} of {w}")
         assert after > before
-    assert text.endswith("If this change is intended, record it: --mgpu-save-baselines")
+    assert text.endswith("If this change is intended, record it: --mgpu-save-structure")
 
 
 def test_fsdp2_reshard_flip_on_real_ranks_at_2_and_4(pytester):
@@ -240,7 +262,7 @@ def test_a_damaged_golden_file_stops_the_run_saying_what_to_do(pytester):
     (pytester.path / "baselines" / "structure.json").write_text("{not json")
     result = run(pytester)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*structure.json: cannot be read as JSON*record again with --mgpu-save-baselines*"])
+    result.stderr.fnmatch_lines(["*structure.json: cannot be read as JSON*record again with --mgpu-save-structure*"])
 
 
 def test_under_xdist_workers_judge_and_the_controller_reports(subpytest):
@@ -255,5 +277,5 @@ def test_under_xdist_workers_judge_and_the_controller_reports(subpytest):
     for line in ("test_it.py::test_sim  simulate#0 fsdp_sim  same", "test_it.py::test_ddp[gpu2]  benchmark ddp  changed",
                  "test_it.py::test_ddp[gpu4]  benchmark ddp  changed"):
         assert line in section, out
-    assert out.count("If this change is intended, record it: --mgpu-save-baselines") >= 2
+    assert out.count("If this change is intended, record it: --mgpu-save-structure") >= 2
     assert subpytest.leftovers() == []

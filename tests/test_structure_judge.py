@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from pytest_mgpu.settings import SettingsError, resolve_structure
+from pytest_mgpu.settings import SettingsError
+from pytest_mgpu.timing.structure.settings import resolve_structure
 from pytest_mgpu.timing.structure import golden
 from pytest_mgpu.timing.structure.figures import CallStructure, StepStructure
 from pytest_mgpu.timing.structure.judge import RECORD, Verdict, compare
@@ -26,7 +27,7 @@ def test_a_changed_step_reads_at_a_glance():
     assert v.message() == (
         "structure changed in step 0 (train): all_gather_into_tensor 5 -> 10 (+5); bytes sent 14.5 MiB -> "
         "29.0 MiB (+100%); peak 7.52 MiB -> 7.52 MiB (same) [simulate#0 fsdp_step, rank 0 of 8]\n" + RECORD)
-    assert RECORD == "If this change is intended, record it: --mgpu-save-baselines"
+    assert RECORD == "If this change is intended, record it: --mgpu-save-structure"
     [numbers] = Verdict.from_dict(json.loads(json.dumps(v.to_dict()))).changes  # what the JSON report carries
     assert numbers["step"] == "step 0 (train)" and numbers["ranks"] == [0]
     assert numbers["counts"]["all_gather_into_tensor"] == [5, 10] and numbers["sent_total"] == [int(14.5 * MIB), 29 * MIB]
@@ -101,11 +102,13 @@ def test_cpu_and_cuda_ranks_keep_goldens_side_by_side_in_one_torch(tmp_path):
 
 def test_options_resolve_and_refuse_with_their_source():
     s = resolve_structure(lambda name: None, lambda name: None, {})
-    assert (s.mode, s.tolerance) == ("check", 0.0)
+    assert (s.mode, s.tolerance, s.save) == ("auto", 0.0, False)
     env = {"PYTEST_MGPU_STRUCTURE": "off", "PYTEST_MGPU_STRUCTURE_TOLERANCE": "5%"}
     s = resolve_structure(lambda name: None, lambda name: None, env)
     assert (s.mode, s.tolerance) == ("off", 0.05)
     with pytest.raises(SettingsError, match="ini mgpu_structure_tolerance takes a percentage"):
         resolve_structure(lambda name: None, lambda name: "lots" if name == "mgpu_structure_tolerance" else None, {})
-    with pytest.raises(SettingsError, match="--mgpu-structure must be one of check, off"):
+    with pytest.raises(SettingsError, match="--mgpu-structure must be one of auto, check, off"):
         resolve_structure(lambda name: "maybe" if name == "mgpu_structure" else None, lambda name: None, {})
+    for flag, saves in (("mgpu_save_structure", True), ("mgpu_save_baselines", True), ("mgpu_save_timing", False)):
+        assert resolve_structure(lambda name: True if name == flag else None, lambda name: None, {}).save is saves, flag

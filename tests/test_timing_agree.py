@@ -145,7 +145,7 @@ def test_a_short_quiet_history_grows_into_a_gate_a_loaded_runner_s_launch_does_n
         if loaded:
             assert "runner loaded: load average 6.0" in line and line.endswith("use --mgpu-against"), line
         else:
-            assert f"at this spread {v.needed} launches see +10%: record more with --mgpu-save-baselines" in line
+            assert f"at this spread {v.needed} launches see +10%: record more with --mgpu-save-timing" in line
         state.collect("t.py::test_short", "passed", state.properties([d]))
         lines = state.save_baselines(None, "0.1.0")
         launches = json.loads(store.path_for(FP).read_text())["entries"][_task("short").key]["launches"]
@@ -164,7 +164,7 @@ def test_a_new_speed_recorded_on_purpose_restarts_its_history(tmp_path, x, statu
     assert shift["verdict"]["status"] == status and steady["verdict"]["status"] == "same"
     advice = messages.describe(shift)
     assert "(its history starts again from this launch)" in advice, advice
-    assert status == "faster" or "record it as the new speed: --mgpu-save-baselines --mgpu-gate=warn" in advice
+    assert status == "faster" or "record it as the new speed: --mgpu-save-timing --mgpu-gate=warn" in advice
     state.collect("t.py::test_shift", "passed", state.properties([shift, steady]))
     lines = state.save_baselines(None, "0.1.0")
     doc = json.loads(store.path_for(FP).read_text())["entries"]
@@ -173,7 +173,7 @@ def test_a_new_speed_recorded_on_purpose_restarts_its_history(tmp_path, x, statu
     assert "baselines: 2 measurement(s) recorded in" in lines[0], lines  # not "appended": one restarted
     assert shift["saving"] is False  # in a run that records it, its advice is not to record it again:
     assert messages.describe(dict(shift, saving=True)).endswith(
-        "This run records it as the new speed (--mgpu-save-baselines): its history starts again from it")
+        "This run records it as the new speed (--mgpu-save-timing): its history starts again from it")
 
 
 def test_a_wide_history_on_a_quiet_runner_may_mix_two_speeds_and_says_what_to_do(tmp_path):

@@ -71,7 +71,9 @@ def test_compare_reports_judges_as_pytest_does_and_names_a_damaged_file(tmp_path
     assert r.returncode == 0, r.stdout + r.stderr
     assert "+15.9% (n=1)" in r.stdout and "learning 1/5" in r.stdout and "SLOWER" not in r.stdout
     assert "OLD holds fewer than 5 launches per measurement (a report holds one): its rows are learning and cannot " \
-           "fail; to gate, compare against a baseline file with a history" in r.stdout, r.stdout
+           "fail; a single launch has no spread between launches, so it can see no slowdown at all (2 launches of 1% " \
+           "spread see only +376%). To gate, compare against a baseline file with a history" in r.stdout, r.stdout
+    assert "or measure against a revision with --mgpu-against" in r.stdout
     bad = tmp_path / "bad.json"
     bad.write_text("[1, 2")
     r = _compare(old, bad)

@@ -48,7 +48,7 @@ def test_five_samples_a_side_can_reach_significance_and_four_cannot():
 def test_no_baseline_is_new_and_never_a_regression():
     v = judge([1.0, 1.1, 1.2], None)
     assert v.status == NEW and not v.regression and v.ratio is None
-    assert "--mgpu-save-baselines" in v.format()
+    assert "--mgpu-save-timing" in v.format()
 
 
 def test_significant_and_large_slowdown_is_a_regression_with_a_clear_message():
@@ -60,7 +60,7 @@ def test_significant_and_large_slowdown_is_a_regression_with_a_clear_message():
     assert 1.2 < v.ratio < 1.4 and v.p_value < gate.ALPHA
     msg = v.format()
     for part in ("slower than its baseline", "vs baseline 100.", "x1.", "confidence >99.99%", "Mann-Whitney",
-                 "threshold +10%", "baselines/x.json", "--mgpu-save-baselines"):
+                 "threshold +10%", "baselines/x.json", "--mgpu-save-timing"):
         assert part in msg, (part, msg)
 
 

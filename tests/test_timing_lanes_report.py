@@ -137,3 +137,59 @@ def test_compare_judges_a_revision_row_again_from_its_pairs(tmp_path):
     assert r.returncode == 1 and "SLOWER: t.py::test_a::a (against origin/main)" in r.stdout, r.stdout
     r = subprocess.run(run + ["--regression", "40"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "SLOWER" not in r.stdout, r.stdout
+
+
+def _history_row(name, median_s, history_median_s, ratio, world_size=2, batch=32, keyword="batch_size"):
+    d = dict(_measurement(name, 1.0, world_size=world_size), revision=None, median_s=median_s,
+             history_median_s=history_median_s)
+    d["verdict"] = {"status": "same", "x": math.log(ratio) if ratio else None, "n_history": 5, "center": 0.0}
+    d["task"] = dict(d["task"], group="mlp", batch_size=batch, batch_keyword=keyword)
+    return d
+
+
+def test_the_raw_change_of_medians_stands_beside_the_normalised_one():
+    """The medians on screen differ by -12%; the gate's reference-normalised figure says -35%: both, labelled."""
+    [row] = report.build_rows([("t.py::test_h", "passed", _history_row("h", 0.0088, 0.010, 0.65))])
+    assert report.raw_change_cell(row) == "-12.0%" and messages.delta_cell(row.measurement) == "-35.0% (n=5)"
+    table = report.terminal_table([row])
+    header, _, line = table.splitlines()
+    assert header.split()[-4:] == ["raw", "change", "normalised", "verdict"], header
+    assert "-12.0%" in line and "-35.0% (n=5)" in line and max(map(len, table.splitlines())) <= report.TERMINAL_WIDTH
+    [note] = report.column_notes([row])
+    assert note.startswith("raw change: this median against the history's median of medians") and "normalised" in note
+    assert report.column_notes(report.build_rows(MEASURED)) == []  # no history: nothing to explain
+    md = report.markdown([row])
+    assert re.search(r"\| median change +\| judged change +\|", md), md
+    assert re.search(r"\| -12\.0% +\| -35\.0% \(n=5\) +\|", md), md
+
+
+def test_the_same_batch_size_at_every_world_size_is_questioned_and_global_batch_is_not():
+    from pytest_mgpu.timing.batches import per_rank_suspects
+
+    def rows(keyword, batches=(64, 64, 64)):
+        return report.build_rows([(f"t.py::test_s[gpu{w}]", "passed", _history_row(f"s{w}", 0.01, None, None, w, b, keyword))
+                                  for w, b in zip((1, 2, 4), batches)])
+    [line] = per_rank_suspects(rows("batch_size"))
+    assert line.startswith("batch_size=64 at every world size of group mlp (1, 2, 4): it is the GLOBAL batch"), line
+    assert "pass global_batch=64 * dist.world_size" in line and "pass global_batch=64 to say so" in line
+    assert per_rank_suspects(rows("global_batch")) == []  # said: the same global batch split over more ranks
+    assert per_rank_suspects(rows("batch_size", (64, 128, 256))) == []  # per-rank x ranks: what it asks for
+    md = report.markdown(rows("global_batch"))
+    assert re.search(r"\| global batch +\|", md) and re.search(r"\| mlp +\| ddp +\| 4 +\| yes +\| 64 +\|", md), md
+
+
+def test_a_history_that_cannot_fill_here_says_so_and_names_the_revision_lane():
+    d = dict(_measurement("u", 1.0), revision=None, unstable="IQR 110% of the median (limit 60%)")
+    d["verdict"] = {"status": "unstable", "x": None, "n_history": 4}
+    [line] = messages.noisy_lines([d])
+    assert line == ("t.py::test_u::u: unstable (IQR 110% of the median (limit 60%)): not saved, so its history (4 of 5 "
+                    "launches) does not grow on this runner while its launches come out so; for a gate on this runner "
+                    "use --mgpu-against")
+    d["verdict"]["n_history"] = 5  # a full history: the gate decides from it on stable launches
+    assert messages.noisy_lines([d]) == []
+    d["verdict"]["n_history"] = 0  # no history, none being recorded: nothing to say
+    assert messages.noisy_lines([d]) == []
+    assert len(messages.noisy_lines([dict(d, saving=True)])) == 1  # recording the first launch: said
+    learning = dict(_measurement("l", 1.0), revision=None, history_median_s=0.01)
+    learning["verdict"] = {"status": "learning", "x": 0.1, "n_history": 1, "center": 0.0, "spread": 0.01}
+    assert "a single launch has no spread between launches, so it can see no slowdown at all" in messages.describe(learning)

@@ -55,7 +55,8 @@ def test_report_table_exports_junit_and_plots(pytester):
     result.stdout.fnmatch_lines([
         "*pytest-mgpu timing*",
         "*no baseline for this fingerprint*5 measurement(s) recorded, none judged*",
-        "group*strategy*W*median*IQR*speed-up*eff.*vs history*verdict",
+        "batch_size=32 at every world size of group mm (1, 2): it is the GLOBAL batch*",
+        "group*strategy*W*median*IQR*speed-up*eff.*raw change*normalised*verdict",
         "*mm*single*1*1.00x*100%*",
         "*mm*ddp*2*",
         "*mm*pipeline split_size=4*2*",
@@ -103,7 +104,7 @@ def test_bad_options_are_usage_errors(pytester):
         (["--mgpu-report=out.txt"], ".md, .json or .csv"),
         (["--mgpu-save-baselines", "--mgpu-baselines=afile"], "cannot write baselines: *afile is a file, not a directory"),
         (["--mgpu-save-baselines", "--mgpu-baselines=afile/below"], "*afile is a file*"),
-        (["--mgpu-save-baselines", "-n", "2"], "cannot be used with -n*share the cores*"),
+        (["--mgpu-save-timing", "-n", "2"], "--mgpu-save-timing cannot be used with -n*share the cores*"),
     )
     for opts, words in cases:
         result = pytester.runpytest(*opts)
@@ -127,3 +128,42 @@ def test_xdist_warns_shared_cores_and_records_every_test_once(pytester):
         "test_xdist_warns_shared_cores_and_records_every_test_once.py::test_scaling[gpu2]",
         *(f"test_xdist_warns_shared_cores_and_records_every_test_once.py::test_curve[{s}]" for s in (1, 2, 4)),
     }
+
+
+SELECTION = """
+import pytest, pytest_mgpu
+
+def work():
+    pass
+
+def helper(dist):
+    return dist.benchmark(work)
+
+@pytest.mark.gpu1
+def test_times(dist):
+    dist.benchmark(work, repeat=2)
+
+@pytest.mark.gpu1
+@pytest.mark.mgpu_benchmark
+def test_times_in_a_helper(dist):
+    helper(dist)
+
+@pytest.mark.gpu1
+def test_runs(dist):
+    dist.run(work)
+
+def test_plain():
+    pass
+"""
+
+
+def test_timing_tests_are_selected_or_left_out_as_with_pytest_benchmark(pytester):
+    pytester.makepyfile(test_sel=SELECTION)
+    timing, other = ["test_times", "test_times_in_a_helper"], ["test_runs", "test_plain"]
+    for args, kept in ((["--mgpu-benchmarks=only"], timing), (["-m", "mgpu_benchmark"], timing),
+                       (["--mgpu-benchmarks=skip"], other), (["-m", "not mgpu_benchmark"], other),
+                       ([], timing + other)):
+        result = pytester.runpytest("--collect-only", "-q", "--strict-markers", *args)
+        ids = sorted(line.split("::")[-1] for line in result.stdout.lines if line.startswith("test_sel.py::"))
+        assert ids == sorted(kept), (args, result.stdout.str())
+    assert pytester.runpytest("--mgpu-benchmarks=some").ret == pytest.ExitCode.USAGE_ERROR

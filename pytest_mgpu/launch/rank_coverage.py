@@ -28,10 +28,11 @@ machine's load moved medians by more than the warm cost (20.7 ms per 2-rank call
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
-from typing import Any, Dict, List, Mapping, Optional, cast
+from typing import Any, Dict, List, Mapping, Optional
 
 ENV = "PYTEST_MGPU_COVERAGE"
 # Warnings that are true of a rank but not of the run: a rank that never imports a measured package,
@@ -73,7 +74,8 @@ def ranks_env(start_dir: str) -> Dict[str, str]:
 
 
 def _new_coverage(settings: dict):
-    import coverage
+    # imported by name: coverage is an optional package, and the type check must pass without it
+    coverage: Any = importlib.import_module("coverage")
 
     if "config" in settings:
         cov = coverage.Coverage(config_file=":data:" + settings["config"], data_suffix=True)
@@ -82,8 +84,7 @@ def _new_coverage(settings: dict):
                                 branch=settings["branch"], include=settings["include"],
                                 omit=settings["omit"], data_suffix=True)
     cov.set_option("run:data_file", settings["data_file"])
-    # get_option is typed as the union of every option's type; this one is a list of names
-    quiet = list(cast(Optional[List[str]], cov.get_option("run:disable_warnings")) or [])
+    quiet: List[str] = list(cov.get_option("run:disable_warnings") or [])  # a list of warning names
     cov.set_option("run:disable_warnings", quiet + [w for w in QUIET if w not in quiet])
     return cov
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..launch.errors import RankFailure
 from .judge.distance import compare, tensor_error
 from .engine import ParityError, ParityReport, judge
 from .hints.numbers import UserFacts, replica_name
@@ -57,14 +56,8 @@ def assert_same_training(dist, fn, reference_fn, *args, steps: int = 3, record: 
         return LoopJob(Portable.of(f, what), args, theirs if reference else mine, steps, how, spawn,
                        new_prefix() if spawn else "", reference)
 
-    try:
-        ranks: List[SideResult] = dist.run(run_loop, job(fn, "fn"), timeout=timeout)
-        ref: SideResult = dist.run_single(run_loop, job(reference_fn, "reference_fn", True), timeout=timeout)
-    except RankFailure as failure:
-        from ..cuda_only import add_cuda_hint
-
-        add_cuda_hint(failure, dist.emulated and dist.device_type == "cpu", dist.plan.shared_gpus)
-        raise
+    ranks: List[SideResult] = dist.run(run_loop, job(fn, "fn"), timeout=timeout)  # names a CUDA-only call
+    ref: SideResult = dist.run_single(run_loop, job(reference_fn, "reference_fn", True), timeout=timeout)
     for note in dict.fromkeys(n for side in ranks + [ref] for n in side.notes):
         warnings.warn(f"assert_same_training(spawn=True): {note}", RuntimeWarning, stacklevel=3)
     _check_counts([("reference_fn (one process)", ref.side)] +

@@ -33,6 +33,19 @@ def fmt_collectives(counts: Dict[str, int]) -> str:
     return " ".join(f"{ABBREVIATIONS.get(k, k)} {v}" for k, v in sorted(counts.items()))
 
 
+class Counts(Dict[str, int]):
+    """Op name -> count (or bytes): a plain dict that answers 0 for an op never issued, so
+    ``sim.collectives["all_gather_into_tensor"]`` reads 0 where the step issued none, and
+    ``sim.collectives == {"all_reduce": 2}`` compares as the dict it is. Reading a missing op adds
+    nothing to it."""
+
+    def __missing__(self, key: str) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return dict.__repr__(self)
+
+
 @dataclass(frozen=True)
 class MemoryFigures(Mapping):
     """Bytes this rank holds at one moment (its local shards), by what holds them; ``live`` is every
@@ -72,6 +85,9 @@ class StepFigures:
     wall_s: float
     comm_bytes_by_op: Dict[str, int] = field(default_factory=dict)  # op name -> bytes sent
 
+    def __post_init__(self) -> None:
+        self.collectives, self.comm_bytes_by_op = Counts(self.collectives), Counts(self.comm_bytes_by_op)
+
 
 @dataclass
 class SimRecord:
@@ -91,7 +107,7 @@ class SimRecord:
 class Simulation:
     """One call of ``fn`` as rank ``rank`` of a fake process group of ``world_size`` ranks.
 
-    ``collectives``: op name -> count; ``comm_bytes``: the bytes this rank sends (ring convention,
+    ``collectives``: op name -> count (0 for an op never issued); ``comm_bytes``: the bytes this rank sends (ring convention,
     ``simulate.wire``), and ``comm_bytes_by_op`` the same per op name; ``peak_bytes``: the most tensor memory alive at once; ``memory``: at the end of
     the last step (or of the call when there were no steps); ``steps``: per-step figures."""
 
@@ -107,6 +123,9 @@ class Simulation:
     call_s: float = 0.0  # the whole simulate() call: process start, fn, return
     fn: str = ""
     comm_bytes_by_op: Dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.collectives, self.comm_bytes_by_op = Counts(self.collectives), Counts(self.comm_bytes_by_op)
 
     def format(self, tablefmt: str = "simple") -> str:
         """A heading and one row per step, then the whole call, as the timing report draws tables."""

@@ -39,7 +39,7 @@ STRUCTURE_FILE = "structure.json"  # beside the timing files; not keyed by hardw
 
 STALE = ("its fingerprint names the CPU model but not its generation (recorded before fingerprints carried "
          "the CPU's family/model/stepping and torch's ISA level), and one CPU name covers machines up to 2.2x "
-         "apart, so it judges nothing here. Record this machine's baseline with --mgpu-save-baselines, then "
+         "apart, so it judges nothing here. Record this machine's baseline with --mgpu-save-timing, then "
          "delete the stale file")
 
 
@@ -291,7 +291,7 @@ class BaselineStore:
             problem = self.unreadable(fp)
             if problem:
                 return f"unreadable: {problem}"
-            return f"none in {self.dir} (record one with --mgpu-save-baselines){stale}"
+            return f"none in {self.dir} (record one with --mgpu-save-timing){stale}"
         return f"{self.dir / source} ({len(f.entries)} entries, format {f.format[-1]}){stale}"
 
     def save(self, fp: Fingerprint, launches: Dict[str, NewLaunch]) -> Path:

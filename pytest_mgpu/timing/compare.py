@@ -130,9 +130,11 @@ def main(argv=None) -> int:
     if lane_old:
         print(f"{lane_old} of OLD's were measured by its revision lane: no history launch, so NEW's are new there")
     if keys and all(len(old.launches.get(k, [])) < rule.MIN_HISTORY for k in keys):
+        fewest = min(len(old.launches.get(k, [])) for k in keys)
         print(f"OLD holds fewer than {rule.MIN_HISTORY} launches per measurement (a report holds one): its rows are "
-              "learning and cannot fail; to gate, compare against a baseline file with a history "
-              "(baselines/<fingerprint>.json)")
+              f"learning and cannot fail; {rule.visible_with(fewest, args.regression / 100.0)}. To gate, compare against "
+              "a baseline file with a history (baselines/<fingerprint>.json), or measure against a revision with "
+              "--mgpu-against")
     if rows:
         print(terminal_table(rows))
     for line in noisy_lines(judged):

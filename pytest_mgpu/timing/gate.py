@@ -74,7 +74,7 @@ class Verdict:
         """One paragraph that says what was compared and what to do."""
         if self.status == NEW:
             return (f"no baseline for this measurement (median {fmt_time(self.new_median)}): recorded; "
-                    "save it with --mgpu-save-baselines")
+                    "save it with --mgpu-save-timing")
         head = {
             SLOWER: "is slower than its baseline",
             FASTER: "is faster than its baseline",
@@ -92,10 +92,10 @@ class Verdict:
         if self.baseline_source:
             text += f"; baseline: {self.baseline_source}"
         if self.status == SLOWER:
-            text += (". If the slowdown is expected, re-record with --mgpu-save-baselines; to only warn, "
+            text += (". If the slowdown is expected, re-record with --mgpu-save-timing; to only warn, "
                      "use --mgpu-gate=warn")
         elif self.status == FASTER:
-            text += ". Re-record with --mgpu-save-baselines to tighten the gate"
+            text += ". Re-record with --mgpu-save-timing to tighten the gate"
         elif self.status == UNDECIDABLE:
             text += (f". With so few samples no difference can reach p<{self.alpha:g}: "
                      "time more iterations (repeat=..., at least 5 on each side)")

@@ -41,7 +41,9 @@ class TaskSpec:
     computes each row's speed-up over the group's one-device row. ``strategy`` names the row
     ("single", "dp", "ddp", "fsdp", "pipeline"); ``params`` adds what varies within a strategy
     (e.g. ``{"split_size": 8}``). ``batch_size`` is the number of samples one step processes over
-    all ranks together (the global batch); it gives throughput.
+    all ranks together (the global batch); it gives throughput. ``batch_keyword`` is the keyword it
+    was given as: ``global_batch``, or the older ``batch_size``, whose meaning the report questions
+    where it looks per-rank.
     """
 
     name: str
@@ -56,6 +58,7 @@ class TaskSpec:
     emulated: bool
     batch_size: Optional[int] = None
     params: Dict[str, Any] = field(default_factory=dict)
+    batch_keyword: str = ""  # "global_batch" or "batch_size": how the test gave batch_size
     warmup: Optional[int] = None  # as asked; None: calibrated
     repeat: Optional[int] = None
     min_run_time: float = DEFAULT_MIN_RUN_TIME
@@ -243,21 +246,23 @@ def _positive_int(name: str, value, allow_zero: bool) -> Optional[int]:
     return value
 
 
+def _global_batch(global_batch: Optional[int], batch_size: Optional[int]) -> Tuple[Optional[int], str]:
+    """(the global batch, the keyword it came as)."""
+    if global_batch is not None and batch_size is not None:
+        raise ValueError("dist.benchmark: give global_batch= or its older name batch_size=, not both")
+    keyword = "global_batch" if global_batch is not None else "batch_size" if batch_size is not None else ""
+    value = global_batch if global_batch is not None else batch_size
+    return _positive_int(keyword or "global_batch", value, allow_zero=False), keyword
+
+
 def benchmark(
     dist,
     fn,
     *args,
-    warmup: Optional[int] = None,
-    repeat: Optional[int] = None,
-    name: Optional[str] = None,
-    batch_size: Optional[int] = None,
-    strategy: Optional[str] = None,
-    group: Optional[str] = None,
-    params: Optional[Dict[str, Any]] = None,
-    single_process: bool = False,
-    min_run_time: Optional[float] = None,
-    timeout: Optional[float] = None,
-    **kwargs,
+    warmup: Optional[int] = None, repeat: Optional[int] = None, name: Optional[str] = None,
+    batch_size: Optional[int] = None, strategy: Optional[str] = None, group: Optional[str] = None,
+    params: Optional[Dict[str, Any]] = None, single_process: bool = False, min_run_time: Optional[float] = None,
+    timeout: Optional[float] = None, global_batch: Optional[int] = None, **kwargs,
 ) -> Measurement:
     """Time a training step in every rank of ``dist`` and return a ``Measurement``.
 
@@ -269,7 +274,8 @@ def benchmark(
     warmup, repeat: iteration counts; calibrated when None (warmup until two iterations agree
         within 10%, then enough iterations for ``min_run_time`` seconds, at least 5).
     name: the measurement's name within the test (default: ``strategy`` or the function's name).
-    batch_size: samples per step over all ranks together; gives throughput.
+    global_batch: samples per step over all ranks together (the per-rank batch times the ranks, or
+        the batch the ranks split); gives throughput and the speed-up. ``batch_size``: its older name.
     strategy, group, params: how the report labels and compares the row (see ``TaskSpec``); group
         defaults to the test's name, so ``world_sizes(1, 2, 4)`` variants compare with each other.
     single_process: run one process that sees all the test's devices (DataParallel, model
@@ -283,7 +289,7 @@ def benchmark(
         pytest.skip("dist.benchmark does not time ranks sharing a GPU (--mgpu-fallback=share): their times "
                     "measure each other's turns, not the step. Time on GPUs of their own, or CPU ranks")
     loop = _loop_config(warmup, repeat, min_run_time)
-    batch_size = _positive_int("batch_size", batch_size, allow_zero=False)
+    batch_size, batch_keyword = _global_batch(global_batch, batch_size)
     ref, payload = pack_call(fn, args, kwargs)  # clear errors for unsendable functions and arguments
     run = functools.partial(_launch, dist, ref, args, kwargs, loop, single_process, timeout)
     revision, timings = _lane_timings(dist, ref, payload, loop, single_process, timeout)
@@ -297,7 +303,7 @@ def benchmark(
         strategy=strategy, group=group or label.split("[", 1)[0].rsplit("::", 1)[-1], world_size=dist.world_size,
         processes=len(timings), backend=dist.backend, device_type=dist.device_type, emulated=dist.emulated,
         batch_size=batch_size, params=dict(params or {}), warmup=loop.warmup, repeat=loop.repeat,
-        min_run_time=loop.min_run_time,
+        min_run_time=loop.min_run_time, batch_keyword=batch_keyword,
     )
     m = _assemble(task, timings, lane_only=lane_only)
     if m.unstable:  # once more; if it stays unstable it is marked, and never judged or saved

@@ -10,7 +10,7 @@ from typing import Dict, Final, Mapping, Optional, Tuple
 from .units import fmt_time
 from .pairing import RevisionStatus, RevisionVerdict
 from .reference import UNNORMALIZED_HASH
-from .rule import MIN_HISTORY, HistoryVerdict, Status, percent, saves
+from .rule import MIN_HISTORY, HistoryVerdict, Status, percent, saves, visible_with
 
 
 def verdict_of(d: dict) -> Optional[HistoryVerdict]:
@@ -62,7 +62,7 @@ def describe(d: dict) -> str:
     new = fmt_time(d.get("median_s"))
     source = d.get("baseline_source") or "-"
     if v is None or v.status == Status.NEW:
-        return f"no recorded launch (median {new}): recorded; save it with --mgpu-save-baselines"
+        return f"no recorded launch (median {new}): recorded; save it with --mgpu-save-timing"
     if v.status == Status.UNSTABLE:
         return f"unstable measurement ({d.get('unstable')}), even after re-measuring: not judged, not saved"
     if v.status == Status.UNREADABLE:
@@ -75,12 +75,13 @@ def describe(d: dict) -> str:
     text = (f"median {new} vs history median of medians {hist} over {v.n_history} launch(es) "
             f"(spread {spread} sd of {stat}); {kind} {ratio}, threshold +{v.threshold * 100:.0f}%")
     if v.status == Status.NOISY:
-        kept = "saved to the history by --mgpu-save-baselines" if saves(v, d.get("runner_load") or "") else \
+        kept = "saved to the history by --mgpu-save-timing" if saves(v, d.get("runner_load") or "") else \
             "not saved to the history"
         return f"{noisy_line(d)}. Compared: {text}; baseline: {source}; {kept}"
     if v.status == Status.LEARNING:
         return (text + f"; {v.n_history} of {MIN_HISTORY} launches recorded: the gate decides from "
-                f"{MIN_HISTORY} (baseline {source}). Record more with --mgpu-save-baselines")
+                f"{MIN_HISTORY} ({visible_with(v.n_history, v.threshold)}; baseline {source}). Record more with "
+                "--mgpu-save-timing")
     text += f", confidence {percent(v.confidence)} (one-sided t prediction interval, alpha {v.alpha:g})"
     if v.x_again is not None and v.ratio is not None:
         again = math.exp(v.x_again - v.center) if v.center is not None else None
@@ -90,12 +91,12 @@ def describe(d: dict) -> str:
         text += f"; Mann-Whitney vs the latest launch p={d['mann_whitney_p']:.2g} (information only)"
     recording = d.get("saving") and (v.status == Status.FASTER or d.get("gate_mode") == "warn")
     if v.status in (Status.SLOWER, Status.FASTER) and recording:
-        text += ". This run records it as the new speed (--mgpu-save-baselines): its history starts again from it"
+        text += ". This run records it as the new speed (--mgpu-save-timing): its history starts again from it"
     elif v.status == Status.SLOWER:
-        text += (". If the slowdown is expected, record it as the new speed: --mgpu-save-baselines "
+        text += (". If the slowdown is expected, record it as the new speed: --mgpu-save-timing "
                  "--mgpu-gate=warn (its history starts again from this launch); to only warn, use --mgpu-gate=warn")
     elif v.status == Status.FASTER:
-        text += (". Faster than its history: if that is the new speed, record it with --mgpu-save-baselines (its "
+        text += (". Faster than its history: if that is the new speed, record it with --mgpu-save-timing (its "
                  "history starts again from this launch)")
     return text
 
@@ -111,17 +112,34 @@ def noisy_line(d: dict) -> str:
         text += f"; {d['runner_load']}"
     elif v.needed is not None:  # a short history, not a noisy runner: it grows into a gate
         return text + (f"; at this spread {v.needed} launches see +{v.threshold * 100:.0f}%: record more with "
-                       "--mgpu-save-baselines (this one included), or gate now with --mgpu-against")
+                       "--mgpu-save-timing (this one included), or gate now with --mgpu-against")
     elif d.get("runner_load") == "":  # read, and the runner was quiet: the history itself may mix two speeds
         text += ("; the runner was not loaded: if the step's speed changed on purpose, its history mixes the two "
                  "speeds: delete its entry from the baseline file and record again")
     return text + "; for a gate on this runner use --mgpu-against"
 
 
+def _history_stalls(d: dict) -> bool:
+    """An unstable launch of a history still short that is being recorded (or was begun): it is not
+    saved, so the history stays short. A project that records nothing is not told about histories."""
+    n = d["verdict"].get("n_history") or 0
+    return n < MIN_HISTORY and (n > 0 or bool(d.get("saving")))
+
+
 def noisy_lines(measurements) -> list:
-    """Under the terminal table: one line per measurement its history could not judge (NOISY)."""
-    return [f"{d['key']}: noisy: {noisy_line(d)}" for d in measurements
-            if (d.get("verdict") or {}).get("status") == Status.NOISY.value]
+    """Under the terminal table: one line per measurement its history could not judge (NOISY), and
+    per unstable one whose history is still short: an unstable launch is never saved, so on a runner
+    where launches keep coming out unstable the history never fills."""
+    out = []
+    for d in measurements:
+        status = (d.get("verdict") or {}).get("status")
+        if status == Status.NOISY.value:
+            out.append(f"{d['key']}: noisy: {noisy_line(d)}")
+        elif status == Status.UNSTABLE.value and _history_stalls(d):
+            out.append(f"{d['key']}: unstable ({d.get('unstable') or 'its iterations vary too much'}): not saved, so "
+                       f"its history ({d['verdict'].get('n_history') or 0} of {MIN_HISTORY} launches) does not grow "
+                       "on this runner while its launches come out so; for a gate on this runner use --mgpu-against")
+    return out
 
 
 # -- the revision lane (--mgpu-against) -------------------------------------------------------------
@@ -130,7 +148,7 @@ def revision_of(d: dict) -> Optional[RevisionVerdict]:
     return RevisionVerdict.from_dict(r["verdict"]) if r else None
 
 
-def _pct(ratio: float) -> str:
+def percent_change(ratio: float) -> str:
     """A change in percent: one decimal below 100%, none from there (a cell keeps its width)."""
     change = (ratio - 1) * 100
     return f"{change:+.1f}" if abs(change) < 99.95 else f"{change:+.0f}"
@@ -142,8 +160,8 @@ def revision_change_cell(r: dict) -> str:
     if v.ratio is None:
         return "-"
     if v.low is None or v.high is None:
-        return f"{_pct(v.ratio)}% (n={v.pairs})"
-    return f"{_pct(v.ratio)}% [{_pct(v.low)},{_pct(v.high)}]"
+        return f"{percent_change(v.ratio)}% (n={v.pairs})"
+    return f"{percent_change(v.ratio)}% [{percent_change(v.low)},{percent_change(v.high)}]"
 
 
 def revision_status_cell(r: dict, gate_mode: str, outcome: str = "", width: Optional[int] = None) -> str:
@@ -225,5 +243,5 @@ def regression_headline(fails: list, against: str = "") -> str:
                 "next change is measured against its own base) or raise --mgpu-regression (or --mgpu-gate=warn). "
                 "Details:")
     return (f"timing regression: {names} slower than the baseline beyond the threshold. Fix: find what made "
-            "the step slower; if it is intended, record the new speed (--mgpu-save-baselines --mgpu-gate=warn) "
+            "the step slower; if it is intended, record the new speed (--mgpu-save-timing --mgpu-gate=warn) "
             "or raise --mgpu-regression (or --mgpu-gate=warn). Details:")

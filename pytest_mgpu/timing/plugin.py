@@ -84,13 +84,13 @@ class TimingPlugin:
         shared = under_xdist(config)
         if options.save and shared and not hasattr(config, "workerinput"):
             raise pytest.UsageError(
-                "--mgpu-save-baselines cannot be used with -n/--dist: tests running at once share the cores "
-                "and time each other's load, so their timings must not become a baseline (the structure goldens are "
-                "recorded with them). Record without -n.")
+                f"{options.save_flag} cannot be used with -n/--dist: tests running at once share the cores and time "
+                "each other's load, so their timings must not become a baseline. Record timings without -n (structure "
+                "goldens alone may be recorded under -n: --mgpu-save-structure).")
         if options.save and not hasattr(config, "workerinput"):
             problem = check_writable(options.baselines_dir, [])
             if problem:
-                raise pytest.UsageError(f"--mgpu-save-baselines: cannot write baselines: {problem}. Choose "
+                raise pytest.UsageError(f"{options.save_flag}: cannot write baselines: {problem}. Choose "
                                         "another folder with --mgpu-baselines=DIR, or fix its permissions.")
 
         def fingerprint_of(device_type: str):
@@ -100,6 +100,16 @@ class TimingPlugin:
         plugin = cls(config, TimingState(options, fingerprint_of, shared_cores=shared), session, lane)
         config.pluginmanager.register(plugin, "mgpu-timing")
         return plugin
+
+    @pytest.hookimpl(tryfirst=True)  # before -m reads the markers
+    def pytest_collection_modifyitems(self, config, items):
+        from .selection import mark_timing_tests, select
+
+        mark_timing_tests(items)
+        kept, deselected = select(items, self.state.options.benchmarks)
+        if deselected:
+            items[:] = kept
+            config.hook.pytest_deselected(items=deselected)
 
     def pytest_unconfigure(self, config):
         if self.lane is not None:
@@ -160,9 +170,10 @@ class TimingPlugin:
         found = [(rec.nodeid, rec.outcome, d) for rec, d in self.state.measurements()]
         self.rows = report.build_rows(found)
         self.notes = self.state.fingerprint_notes()  # before saving: what this run was judged by
+        from .batches import per_rank_suspects
         from .messages import lane_notes
 
-        self.notes += lane_notes(d for _, _, d in found)
+        self.notes += lane_notes(d for _, _, d in found) + per_rank_suspects(self.rows)
         if any(r.efficiency is not None and r.efficiency > 1.0 + 1e-9 for r in self.rows):
             self.notes.append("efficiency over 100% (!): more than linear scaling usually means the one-device "
                               "row was slowed (load, memory); re-run before trusting it")
@@ -200,13 +211,14 @@ class TimingPlugin:
     def pytest_terminal_summary(self, terminalreporter):
         if not self.rows:
             return
-        from .report import lane_details, terminal_table
+        from .report import column_notes, lane_details, terminal_table
 
         terminalreporter.section("pytest-mgpu timing")
         for line in self.notes:
             terminalreporter.write_line(line)
         terminalreporter.write_line(terminal_table(self.rows))
-        for line in lane_details(self.rows) + noisy_lines(r.measurement for r in self.rows if r.lane == "history"):
+        history = [r.measurement for r in self.rows if r.lane == "history"]
+        for line in column_notes(self.rows) + lane_details(self.rows) + noisy_lines(history):
             terminalreporter.write_line(line)
         for line in self.lines:
             terminalreporter.write_line(line)

@@ -67,6 +67,7 @@ class Row:
     base_s: Optional[float] = None  # history: its median of medians; revision: the base's median
     against: str = ""  # revision: REV@short
     head: str = ""  # revision: what the head side measured (the working tree, clean or not)
+    batch_keyword: str = ""  # how the test gave the global batch: "global_batch", or the older "batch_size"
 
     @property
     def revision(self) -> Optional[dict]:
@@ -92,7 +93,7 @@ def _row(test: str, outcome: str, d: dict) -> Row:
         skew=d["skew"], ranks=len(d["rank_samples_s"]), peak_mem_bytes=max(mems) if mems else None,
         outcome=outcome, verdict=d.get("verdict"), gate_mode=d.get("gate_mode", ""),
         fingerprint=d.get("fingerprint_key", ""), measurement=d, unstable=d.get("unstable", ""),
-        base_s=d.get("history_median_s"),
+        base_s=d.get("history_median_s"), batch_keyword=t.get("batch_keyword", ""),
     )
 
 
@@ -154,9 +155,11 @@ def build_rows(measurements: Iterable[Tuple[str, str, dict]]) -> List[Row]:
 
 
 # -- rendering ----------------------------------------------------------------------------------
-HEADERS = ["group", "strategy", "W", "emulated", "median", "IQR", "samples/s", "speed-up", "efficiency",
-           "slowest rank", "peak mem", "baseline", "change", "lane", "verdict"]
-TERMINAL = ["group", "strategy", "W", "median", "IQR", "speed-up", "eff.", "vs history", "verdict"]
+HEADERS = ["group", "strategy", "W", "emulated", "global batch", "median", "IQR", "samples/s", "speed-up",
+           "efficiency", "slowest rank", "peak mem", "baseline", "median change", "judged change", "lane", "verdict"]
+# "raw change": this median against the history's median of medians, as the two read on screen;
+# "normalised": the figure the gate judges (``messages.delta_cell``), with the launches it has
+TERMINAL = ["group", "strategy", "W", "median", "IQR", "speed-up", "eff.", "raw change", "normalised", "verdict"]
 # with a revision lane: the same width, the lane's columns instead of IQR, speed-up and efficiency
 TERMINAL_LANES = ["group", "strategy", "W", "median", "baseline", "change", "lane", "verdict"]
 
@@ -170,6 +173,14 @@ def _efficiency(r: Row) -> str:
 
 def _speedup(r: Row) -> str:
     return f"{r.speedup:.2f}x" if r.speedup is not None else "-"
+
+
+def raw_change_cell(r: Row) -> str:
+    """This median against the history's median of medians (``-12.0%``); "-" without a history, and
+    in a revision row (its change is the pairs' own)."""
+    if r.lane != "history" or not r.base_s or not r.median_s or not math.isfinite(r.median_s):
+        return "-"
+    return f"{messages.percent_change(r.median_s / r.base_s)}%"
 
 
 def change_cell(r: Row) -> str:
@@ -187,10 +198,10 @@ def verdict_cell(r: Row, width: Optional[int] = None) -> str:
 def _cells(r: Row) -> List[str]:
     slow = f"{r.slowest_rank} (+{r.skew * 100:.0f}%)" if r.ranks > 1 else "-"
     return [
-        r.group, r.label, str(r.world_size), "yes" if r.emulated else "no", fmt_time(r.median_s),
-        fmt_time(r.iqr_s), f"{r.throughput:.1f}" if r.throughput else "-", _speedup(r), _efficiency(r), slow,
-        fmt_bytes(r.peak_mem_bytes), fmt_time(r.base_s), change_cell(r), messages.lane_cell(r.revision, 40),
-        verdict_cell(r),
+        r.group, r.label, str(r.world_size), "yes" if r.emulated else "no", str(r.batch_size or "-"),
+        fmt_time(r.median_s), fmt_time(r.iqr_s), f"{r.throughput:.1f}" if r.throughput else "-", _speedup(r),
+        _efficiency(r), slow, fmt_bytes(r.peak_mem_bytes), fmt_time(r.base_s), raw_change_cell(r), change_cell(r),
+        messages.lane_cell(r.revision, 40), verdict_cell(r),
     ]
 
 
@@ -202,8 +213,9 @@ def _terminal_cells(r: Row, lanes: bool) -> List[str]:
     if lanes:
         return [_clip(r.group, 11), _clip(r.label, 10), str(r.world_size), fmt_time(r.median_s), fmt_time(r.base_s),
                 _clip(change_cell(r), 21), messages.lane_cell(r.revision, 29), _clip(verdict_cell(r, 15), 15)]
-    return [_clip(r.group, 26), _clip(r.label, 22), str(r.world_size), fmt_time(r.median_s), fmt_time(r.iqr_s),
-            _speedup(r), _efficiency(r), messages.delta_cell(r.measurement), _clip(verdict_cell(r, 24), 24)]
+    return [_clip(r.group, 16), _clip(r.label, 22), str(r.world_size), fmt_time(r.median_s), fmt_time(r.iqr_s),
+            _speedup(r), _efficiency(r), raw_change_cell(r), messages.delta_cell(r.measurement),
+            _clip(verdict_cell(r, 19), 19)]
 
 
 def table(rows: Sequence[Row], tablefmt: str = "simple") -> str:
@@ -221,6 +233,15 @@ def terminal_table(rows: Sequence[Row]) -> str:
     lanes = any(r.lane == "revision" for r in rows)
     return tabulate([_terminal_cells(r, lanes) for r in rows], headers=TERMINAL_LANES if lanes else TERMINAL,
                     tablefmt="simple", disable_numparse=True)
+
+
+def column_notes(rows: Sequence[Row]) -> List[str]:
+    """Under the terminal table, where a row has a history: what its two change columns measure."""
+    if not any(raw_change_cell(r) != "-" for r in rows):
+        return []
+    return ["raw change: this median against the history's median of medians, as both read above; normalised: "
+            "what the gate judges, the step's median over the in-run reference's (on a GPU: the step's own) against "
+            "the history's, which cancels changes of the runner's own speed; n = recorded launches"]
 
 
 def lane_details(rows: Sequence[Row]) -> List[str]:
@@ -241,8 +262,9 @@ def markdown(rows: Sequence[Row], notes: Sequence[str] = (), structure: Sequence
     out = ["## pytest-mgpu timing", ""]
     out += [f"- {n.strip()}" for n in notes]
     out += ["", table(rows, "github"), ""]
-    out.append("Speed-up is over the group's one-device row (throughput when the batch size is known); "
-               "efficiency is speed-up / devices, (!) over 100%. Lane \"history\": this launch's "
+    out.append("Speed-up is over the group's one-device row (throughput when the global batch is known); "
+               "efficiency is speed-up / devices, (!) over 100%. Median change: this median against the "
+               "baseline, as both read. Lane \"history\": this launch's "
                "ln(step/reference) (on a GPU: ln(step median)) against the recorded launches' (one-sided t "
                "prediction interval and the "
                "effect size); baseline is their median of medians. Lane \"vs REV\": the head against REV "
@@ -258,7 +280,7 @@ def markdown(rows: Sequence[Row], notes: Sequence[str] = (), structure: Sequence
 
 
 CSV_FIELDS = ["key", "test", "name", "group", "strategy", "params", "world_size", "device_type", "emulated",
-              "batch_size", "median_s", "iqr_s", "n", "throughput", "speedup", "efficiency", "slowest_rank",
+              "global_batch", "median_s", "iqr_s", "n", "throughput", "speedup", "efficiency", "slowest_rank",
               "skew", "peak_mem_bytes", "lane", "baseline_median_s", "ratio", "ci_low", "ci_high", "p_value",
               "verdict", "gate_mode", "against", "head", "outcome", "fingerprint"]
 
@@ -269,7 +291,7 @@ def to_csv(rows: Sequence[Row]) -> str:
     w.writeheader()
     for r in rows:
         d = asdict(r)
-        d.update(params=json.dumps(r.params, sort_keys=True), baseline_median_s=r.base_s)
+        d.update(params=json.dumps(r.params, sort_keys=True), baseline_median_s=r.base_s, global_batch=r.batch_size)
         if r.revision:
             v = r.revision["verdict"]
             d.update(ratio=v.get("ratio"), ci_low=v.get("low"), ci_high=v.get("high"), verdict=v["status"])

@@ -112,6 +112,15 @@ def detectable_change(spread: float, n: int, threshold: float = DEFAULT_THRESHOL
     return max(math.expm1(half), threshold)
 
 
+def visible_with(n: int, threshold: float = DEFAULT_THRESHOLD, alpha: float = ALPHA) -> str:
+    """What ``n`` recorded launches can see at best (a spread of SD_FLOOR), in words: one launch has no
+    spread between launches, so nothing can be told from noise against it."""
+    if n < 2:
+        return ("a single launch has no spread between launches, so it can see no slowdown at all (2 launches of 1% "
+                f"spread see only +{detectable_change(SD_FLOOR, 2, threshold, alpha) * 100:.0f}%)")
+    return f"{n} launches of 1% spread see only slowdowns above +{detectable_change(SD_FLOOR, n, threshold, alpha) * 100:.0f}%"
+
+
 def launches_needed(spread: float, threshold: float = DEFAULT_THRESHOLD, alpha: float = ALPHA,
                     most: int = HISTORY) -> Optional[int]:
     """The fewest launches (up to ``most``, what a history keeps) whose interval at this spread sees
@@ -151,7 +160,7 @@ def judge_history(x: Optional[float], history: Sequence[Optional[float]], thresh
 
 
 def saves(verdict: HistoryVerdict, runner_load: str = "") -> bool:
-    """Whether ``--mgpu-save-baselines`` appends this launch to its history. Never an unstable one. A
+    """Whether ``--mgpu-save-timing`` appends this launch to its history. Never an unstable one. A
     NOISY one only where its history is merely short (more launches at this spread would see the
     threshold: ``needed``) and the runner's load did not explain the noise; otherwise such a history
     could never grow into a gate, and a launch on a noisy runner is no evidence of the step's speed."""

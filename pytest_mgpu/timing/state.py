@@ -187,7 +187,7 @@ class TimingState:
             if f is None and not self.store.unreadable(fp):
                 lines.append(f"  no baseline for this fingerprint in {_rel(self.options.baselines_dir)}: "
                              f"{total} measurement(s) recorded, none judged"
-                             + ("" if self.options.save else "; record them with --mgpu-save-baselines"))
+                             + ("" if self.options.save else "; record them with --mgpu-save-timing"))
             elif f is not None:
                 lines.append(f"  baseline {source}; the gate decides from {rule.MIN_HISTORY} launches, "
                              f"threshold +{self.options.threshold * 100:g}%, alpha {rule.ALPHA:g} per stage")
@@ -201,7 +201,7 @@ class TimingState:
         for path, problem in sorted(self.store.scan().items()):
             if path in own:
                 lines.append(f"baseline file unreadable: {problem}. Its tests were measured as if no baseline "
-                             "existed; --mgpu-save-baselines keeps it aside as *.corrupt and writes a good one")
+                             "existed; --mgpu-save-timing keeps it aside as *.corrupt and writes a good one")
             else:  # another machine's file, or a stray one: nothing of this run was judged by it
                 lines.append(f"baseline file unreadable: {problem}. It is not this run's baseline (another "
                              "machine's, or a stray file): nothing was judged by it; repair or remove it")

@@ -73,6 +73,7 @@ def assert_resumes(dist, fn, *args, steps: int, stop_after: int, world_size_afte
 
 
 def _validate(steps, stop_after, world_size_after, world: int) -> int:
+    __tracebackhide__ = True
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 2:
         raise ValueError(f"assert_resumes(steps=...) must be an integer of at least 2 (the optimizer steps of the "
                          f"whole run), got {steps!r}")
@@ -97,10 +98,7 @@ def _phase(dist, job: PhaseJob, nprocs: int, timeout: Optional[float], run: Run)
     __tracebackhide__ = True
     try:
         return dist.run_on(nprocs, run_phase, job, timeout=timeout)
-    except RankFailure as failure:
-        from ...cuda_only import add_cuda_hint
-
-        add_cuda_hint(failure, dist.emulated and dist.device_type == "cpu", dist.plan.shared_gpus)
+    except RankFailure as failure:  # dist.run_on named a CUDA-only call already
         failure.what += f" in the {job.phase} phase"
         if job.phase == "resumed":
             failure.what += f" at {nprocs} ranks"
@@ -119,6 +117,7 @@ def _reshard_hint(run: Run, before: int, after: int) -> str:
 
 
 def _check_steps(phase: str, taken: List, want: int, run: Run) -> None:
+    __tracebackhide__ = True
     short = sorted({int(t or 0) for t in taken if int(t or 0) < want})
     if not short:
         return

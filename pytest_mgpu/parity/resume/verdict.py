@@ -48,6 +48,7 @@ class UninterruptedDiverged(AssertionError):
 
 def marks_of(uninterrupted: SideLog) -> Tuple[Mark, ...]:
     """The marks of every state of the uninterrupted run: before step 1, after step 1, ... after step N."""
+    __tracebackhide__ = True  # the failure is the test's line, not the plugin's source
     states = tuple(mark(s.params) for s in uninterrupted.steps) + (mark(uninterrupted.final),)
     bad = next((i for i, state in enumerate(states) if not finite(state)), None)
     if bad is not None:
@@ -84,6 +85,7 @@ def reference(sides: List[SideLog], first: PhaseResult, start: int, count: int) 
 def judge_resume(run: Run, uninterrupted: List[PhaseResult], resumed: List[PhaseResult], start: int,
                  matched: bool, rtol, atol, exact: bool = False) -> ParityReport:
     """The report; raises ParityError where nothing was resumed or the resumed run trains otherwise."""
+    __tracebackhide__ = True  # the failure is the test's line, not the plugin's source
     u_sides = [r.side for r in uninterrupted if r.side is not None]
     r_sides = [r.side for r in resumed if r.side is not None]
     facts = Resume(u_sides, r_sides, start, matched, run.steps)

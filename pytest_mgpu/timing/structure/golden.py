@@ -42,10 +42,10 @@ def read(path: Path) -> dict:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise GoldenError(f"{path}: cannot be read as JSON ({exc}); restore it from git, or delete it and "
-                          "record again with --mgpu-save-baselines") from None
+                          "record again with --mgpu-save-structure") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("torch"), dict):
         raise GoldenError(f"{path}: not a pytest-mgpu structure file (format {FORMAT!r}); restore it from git, "
-                          "or delete it and record again with --mgpu-save-baselines")
+                          "or delete it and record again with --mgpu-save-structure")
     return doc["torch"]
 
 

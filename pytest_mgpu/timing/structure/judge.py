@@ -3,7 +3,7 @@ the tolerance (0: exact). A difference is told per step, as a person reads it::
 
     structure changed in step 0 (train): all_gather_into_tensor 5 -> 10 (+5); bytes sent 14.5 MiB ->
     29.0 MiB (+100%); peak 7.52 MiB -> 7.52 MiB (same) [simulate#0 fsdp_step, rank 0 of 1024]
-    If this change is intended, record it: --mgpu-save-baselines
+    If this change is intended, record it: --mgpu-save-structure
 
 A golden of another torch version is not judged (torch changes what its wrappers issue), nor one
 recorded on ranks of another device type (CUDA ranks issue collectives CPU ranks do not, such as
@@ -18,7 +18,7 @@ from ..units import fmt_size
 from .figures import CallStructure, StepStructure
 
 Status = Literal["same", "changed", "new", "other torch", "other device", "recorded"]
-RECORD = "If this change is intended, record it: --mgpu-save-baselines"
+RECORD = "If this change is intended, record it: --mgpu-save-structure"
 
 
 @dataclass

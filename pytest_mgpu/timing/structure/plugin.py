@@ -5,9 +5,13 @@ call, where it ran (an xdist worker, or the only process), every ``simulate()`` 
 order: ``simulate#0 <fn>``, ``simulate#1 <fn>``...), every ``dist.benchmark`` (``benchmark <name>``),
 ``assert_parity`` (``parity#0 <strategy>``) and ``assert_same_training`` (``same_training#0 <fn>``)
 is judged against its golden (``judge``); a change fails the test (a test that failed already has
-the change told in a report section). Verdicts, and under ``--mgpu-save-baselines`` the structures,
-travel to the controller in ``report.user_properties`` (JSON text), which saves them (tests that
-passed only) and reports. Public pytest API only.
+the change told in a report section). Verdicts, and under ``--mgpu-save-structure`` (or
+``--mgpu-save-baselines``) the structures, travel to the controller in ``report.user_properties``
+(JSON text), which saves them (tests that passed only) and reports. Public pytest API only.
+
+Only where wanted: under the default ``--mgpu-structure=auto`` a project without the goldens file
+gets no verdict, no report section and no line; a test marked ``mgpu_structure(False)`` is neither
+judged nor recorded.
 """
 from __future__ import annotations
 
@@ -17,13 +21,29 @@ from typing import Dict, List, Set
 
 import pytest
 
-from ...settings import SettingsError, StructureSettings, resolve_structure, resolve_timing
+from ...markers import STRUCTURE
+from ...settings import SettingsError, resolve_timing
 from ...simulate import context
 from . import golden
 from .figures import CallStructure, of_simulation
 from .judge import Verdict, compare
+from .settings import StructureSettings, resolve_structure
 
 PROPERTY = "mgpu_structure"
+MARKER = STRUCTURE  # @pytest.mark.mgpu_structure(False): this test's calls are neither judged nor recorded
+SAVE_FLAG = "--mgpu-save-structure"
+
+
+def wanted(item) -> bool:
+    """False where the test opted out with ``@pytest.mark.mgpu_structure(False)``; a malformed
+    marker is a usage error that says how to write it."""
+    marker = item.get_closest_marker(MARKER)
+    if marker is None:
+        return True
+    if len(marker.args) != 1 or marker.kwargs or not isinstance(marker.args[0], bool):
+        raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.{MARKER} takes True or False, e.g. "
+                                f"@pytest.mark.{MARKER}(False) to leave this test's calls unjudged and unrecorded")
+    return marker.args[0]
 
 
 def calls_of(item) -> List[CallStructure]:
@@ -41,8 +61,9 @@ def calls_of(item) -> List[CallStructure]:
 class StructurePlugin:
     """Per-session structure hooks: judge after each test's call, save and report at the end."""
 
-    def __init__(self, config, settings: StructureSettings, goldens: golden.Goldens, save: bool, session):
-        self.config, self.settings, self.goldens, self.save = config, settings, goldens, save
+    def __init__(self, config, settings: StructureSettings, goldens: golden.Goldens, session, active: bool = True):
+        self.config, self.settings, self.goldens, self.save = config, settings, goldens, settings.save
+        self.active = active  # judging or recording: off, or auto without a goldens file, is not
         self.session = session  # the core's MgpuSession: whether this process reports
         self.verdicts: List[Verdict] = []
         self.recorded: Dict[str, Dict[str, CallStructure]] = {}
@@ -58,15 +79,16 @@ class StructurePlugin:
             raise pytest.UsageError(str(exc)) from None
         path = Path(timing.baselines_dir) / golden.FILE_NAME
         try:
-            sections = golden.read(path) if settings.mode == "check" else {}
+            sections = golden.read(path) if settings.mode != "off" else {}
         except golden.GoldenError as exc:
             raise pytest.UsageError(str(exc)) from None
-        plugin = cls(config, settings, golden.Goldens(path, golden.torch_version(), sections), timing.save, session)
+        active = settings.save or (settings.mode == "check") or (settings.mode == "auto" and path.is_file())
+        plugin = cls(config, settings, golden.Goldens(path, golden.torch_version(), sections), session, active)
         config.pluginmanager.register(plugin, "mgpu-structure")
         return plugin
 
     def judge(self, test: str, now: CallStructure) -> Verdict:
-        """This call against its golden; under --mgpu-save-baselines it is recorded instead."""
+        """This call against its golden; under --mgpu-save-structure it is recorded instead."""
         if self.save:
             return Verdict(test, now.call, "recorded")
         old, other = self.goldens.find(test, now.call, now.device)
@@ -78,7 +100,7 @@ class StructurePlugin:
         if other is not None:
             return Verdict(test, now.call, "other torch", [
                 f"recorded under torch {other}, this is {self.goldens.torch}: not judged; record again"])
-        return Verdict(test, now.call, "new", ["no golden yet: record it with --mgpu-save-baselines"])
+        return Verdict(test, now.call, "new", [f"no golden yet: record it with {SAVE_FLAG}"])
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item):
@@ -96,7 +118,8 @@ class StructurePlugin:
 
     def _verdicts(self, item, failed: bool = False) -> List[Verdict]:
         """The test's calls judged (or, recording, recorded), attached to its report."""
-        calls = calls_of(item) if self.settings.mode != "off" and not (failed and self.save) else []
+        judged = self.active and self.settings.mode != "off" and not (failed and self.save) and wanted(item)
+        calls = calls_of(item) if judged else []
         if not calls:
             return []
         verdicts = [self.judge(item.nodeid, c) for c in calls]
@@ -160,7 +183,8 @@ class StructurePlugin:
             terminalreporter.write_line(f"{v.test}  {v.call}  {v.status}{why}")
         new = sum(v.status == "new" for v in self.verdicts)
         if new and not self.save:
-            terminalreporter.write_line(f"{new} call(s) without a golden: not judged; record them with "
-                                        f"--mgpu-save-baselines (into {self.goldens.path}; commit it)")
+            terminalreporter.write_line(f"{new} call(s) without a golden: not judged; record them with {SAVE_FLAG} "
+                                        f"(into {self.goldens.path}; commit it), or opt a test out with "
+                                        f"@pytest.mark.{MARKER}(False)")
         for line in self.lines:
             terminalreporter.write_line(line)

@@ -17,5 +17,6 @@ def markdown(verdicts: Sequence[dict]) -> str:
         out += ["", *details]
     out.append("")
     out.append("Counts must be equal; bytes sent and peak memory within --mgpu-structure-tolerance. "
-               "Goldens: baselines/structure.json, recorded with --mgpu-save-baselines.")
+               "Goldens: baselines/structure.json, recorded with --mgpu-save-structure (--mgpu-save-baselines "
+               "records them and the timings).")
     return "\n".join(out) + "\n"
