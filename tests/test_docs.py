@@ -23,15 +23,21 @@ def _page_generator():
 
 def test_every_declared_option_is_on_the_options_page():
     page = OPTIONS_PAGE.read_text(encoding="utf-8")
-    rows = {line.split("|")[1].strip(" `").split("=")[0]: line for line in page.splitlines()
-            if line.startswith("| `--")}
-    missing = [opt.flag for opt in ALL_OPTIONS if opt.flag not in rows]
+    sections = {part.split("`", 1)[0]: part for part in page.split("\n### `")[1:]}
+    missing = [opt.flag for opt in ALL_OPTIONS if opt.flag not in sections]
     assert not missing, (f"{OPTIONS_PAGE.relative_to(ROOT)} lacks {', '.join(missing)}: "
                          "run `python tools/options_page.py` (mkdocs build does it too)")
     for opt in ALL_OPTIONS:
-        row = rows[opt.flag]
-        assert (f"`{opt.dest}`" in row) == (opt.ini is not None), f"{opt.flag}: ini name wrong on the page"
-        assert (f"`{opt.env}`" in row) if opt.env else True, f"{opt.flag}: environment variable missing"
+        section = sections[opt.flag]
+        assert (f"ini `{opt.dest}`" in section) == (opt.ini is not None), f"{opt.flag}: ini name wrong on the page"
+        assert (f"`{opt.env}`" in section) if opt.env else True, f"{opt.flag}: environment variable missing"
+
+
+def test_no_option_name_is_broken_on_the_options_page():
+    """Each flag is a heading of its own: never a table cell, where browsers break it at its hyphens."""
+    page = OPTIONS_PAGE.read_text(encoding="utf-8")
+    assert "| `--" not in page
+    assert all(f"### `{opt.flag}`" in page.splitlines() for opt in ALL_OPTIONS)
 
 
 def test_the_options_page_is_what_the_generator_writes():
