@@ -80,7 +80,24 @@ def _quartiles(xs: Sequence[float]):
 
 @dataclass
 class Measurement:
-    """Samples of one timed step: per iteration (slowest rank) and per rank, plus peak memory."""
+    """One timed step, as ``dist.benchmark`` returns it (``median``, ``iqr``: seconds; ``format()``: text).
+
+    Attributes:
+        task: What was timed and how the report places it (name, strategy, group, world size).
+        samples: Seconds per timed iteration, each the slowest rank's.
+        rank_samples: Per rank, its seconds per iteration.
+        warmup: Warm-up iterations that ran.
+        peak_mem_bytes: Per rank, the peak tensor memory of the step (None where unknown).
+        mem_source: How the peak was read (CUDA's allocator, or the profiler's CPU allocations).
+        reference_samples: The in-run reference workload's seconds, timed beside each iteration.
+        reference_hash: Which reference workload produced them.
+        unstable: Why the samples do not describe one speed ("" when they do); never judged.
+        remeasured: Re-measurements taken (for instability, or to confirm a regression).
+        remeasure: Measures the step again (None where the revision lane measured it).
+        revision: Under ``--mgpu-against``: the head/base pairs and their verdict.
+        structure: The collectives, bytes and memory per step, judged against the structure goldens.
+        lane_only: The samples are the revision lane's head turns, judged by the lane alone.
+    """
 
     task: TaskSpec
     samples: List[float]  # seconds per iteration; each the slowest rank's time
