@@ -34,7 +34,11 @@ def pytest_collect_file(file_path, parent):
     if file_path.suffix != ".md" or not (file_path == ROOT / "README.md" or ROOT / "docs" in file_path.parents):
         return None
     if _sybil_hook is None:
-        from sybil import Sybil
+        try:
+            from sybil import Sybil
+        except ImportError as exc:
+            raise ImportError("the docs' Python blocks are run by Sybil: pip install -e '.[test]' (or "
+                              "pip install sybil), then python -m pytest README.md docs/") from exc
         from sybil.evaluators.python import PythonEvaluator
         from sybil.parsers.markdown import CodeBlockParser
 
