@@ -7,12 +7,29 @@ Set once by the rank bootstrap (``launch/rank.py``) before the user's code runs;
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
 class RankContext:
-    """The identity of the current rank, as the launcher set it up."""
+    """The identity of the current rank, as the launcher set it up (``pytest_mgpu.rank_context()``).
+
+    Attributes:
+        rank: This rank's number in the default group.
+        world_size: Ranks in the default group.
+        local_rank: This rank's number on its machine.
+        device_type: "cuda", or "cpu" on emulated ranks.
+        device_index: This rank's own GPU (index among the visible devices); None on the CPU.
+        backend: The default group's backend, "nccl" or "gloo".
+        emulated: True on gloo CPU ranks standing in for GPUs (``--mgpu-fallback=cpu``).
+        seed: The seed every rank was given (``--mgpu-seed``).
+        devices: The ``torch.device`` of every device this process may use: ``cuda:i`` on GPUs; on
+            emulated ranks ``cpu`` once per device the test stands in for, so code written for N
+            devices (``devs[0]``, ``devs[-1]``, ``len(devs)``) runs unchanged.
+    """
 
     rank: int
     world_size: int
@@ -32,7 +49,8 @@ class RankContext:
         """The CUDA indices of ``devices`` (empty on CPU ranks)."""
         return tuple(d.index for d in self.devices if d.type == "cuda")
 
-    def device(self):
+    def device(self) -> torch.device:
+        """This rank's ``torch.device``, as ``pytest_mgpu.rank_device()`` returns it."""
         import torch
 
         if self.device_type == "cuda":
@@ -59,7 +77,14 @@ def set_rank_context(ctx: Optional[RankContext]) -> None:
 
 
 def rank_context() -> RankContext:
-    """The current rank's context; raises outside a rank started by pytest-mgpu."""
+    """The current rank's identity: rank, world size, device, backend, seed, devices.
+
+    Returns:
+        The ``RankContext`` of the rank this code runs in.
+
+    Raises:
+        RuntimeError: Outside a rank started by pytest-mgpu (a test's body, plain Python).
+    """
     if _current is None:
         raise RuntimeError(
             "rank_context()/rank_device() only work inside a function run by dist.run() (or "
@@ -68,10 +93,24 @@ def rank_context() -> RankContext:
     return _current
 
 
-def rank_device():
-    """This rank's ``torch.device``: its own GPU (``cuda:i``) or ``cpu`` when emulated."""
+def rank_device() -> torch.device:
+    """This rank's ``torch.device``: ``device = pytest_mgpu.rank_device()`` runs on GPUs and CPU ranks
+    alike, where ``.cuda()``, ``.to(rank)`` or ``torch.cuda.set_device(rank)`` need a GPU.
+
+    Returns:
+        Its own GPU (``cuda:i``), or ``cpu`` on emulated ranks.
+
+    Raises:
+        RuntimeError: Outside a rank started by pytest-mgpu.
+    """
     return rank_context().device()
 
 
 def in_rank() -> bool:
+    """Whether this code runs inside a rank started by pytest-mgpu (``dist.run``, ``dist.spawn``, the
+    parity and timing calls, ``simulate``), where ``rank_context()`` has an answer.
+
+    Returns:
+        True in such a rank, False in the test process or plain Python.
+    """
     return _current is not None

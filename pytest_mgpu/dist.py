@@ -1,8 +1,6 @@
-"""``Dist``: the object a test receives as the ``dist`` fixture.
-
-It knows the test's device plan and hands calls to a launcher; parity and timing live in their own
-packages and are reached through thin methods here so that one fixture serves them all.
-"""
+"""``Dist``: the object a test receives as the ``dist`` fixture. It knows the test's device plan and
+hands calls to a launcher; parity and timing live in their own packages and are reached through thin
+methods here so that one fixture serves them all."""
 from __future__ import annotations
 
 import sys
@@ -35,6 +33,8 @@ class CallRecord:
 
 @dataclass
 class Dist:
+    """The ``dist`` fixture: a test's ranks. Mark the test ``gpuN`` (or ``world_sizes(...)``) for N ranks."""
+
     plan: DevicePlan
     launcher: Launcher  # fresh ranks, warm ranks, or the ranks of a torchrun/srun job
     label: str = "dist.run"
@@ -57,25 +57,41 @@ class Dist:
     # -- what the test sees -----------------------------------------------------------------
     @property
     def world_size(self) -> int:
+        """Ranks a call starts: the test's ``gpuN``."""
         return self.plan.world_size
 
     @property
     def backend(self) -> str:
+        """"nccl" on GPUs, "gloo" on CPU ranks or ranks sharing a GPU."""
         return self.plan.backend
 
     @property
     def device_type(self) -> str:
+        """"cuda" or "cpu"."""
         return self.plan.device_type
 
     @property
     def emulated(self) -> bool:
+        """True where gloo CPU ranks stand in for GPUs (``--mgpu-fallback=cpu``)."""
         return self.plan.emulated
 
     def run(self, fn: Callable[..., Any], *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> List[Any]:
-        """Run ``fn(*args, **kwargs)`` once in each of ``world_size`` ranks, with the default process
-        group initialized there; return the ranks' return values in rank order (tensors on CPU).
+        """Run ``fn(*args, **kwargs)`` once in each of the test's ``world_size`` ranks, with the default
+        process group up (NCCL on GPUs, gloo on CPU ranks).
 
-        ``timeout`` (seconds) overrides ``--mgpu-timeout`` for this call.
+        Args:
+            fn: A module-level function: the ranks import it by name; arguments and value are pickled.
+            *args: Positional arguments of ``fn``.
+            timeout: Seconds this call may take before its ranks are reported hung and killed. None:
+                the test's ``mgpu_timeout`` marker, else ``--mgpu-timeout`` (default 300).
+            **kwargs: Keyword arguments of ``fn``.
+
+        Returns:
+            The ranks' return values in rank order, tensors moved to the CPU.
+
+        Raises:
+            RankFailure: A rank raised, hung or died: named, with its traceback and the first
+                collective the ranks disagree on.
         """
         __tracebackhide__ = True
         return self._launch(fn, args, kwargs, nprocs=self.world_size, timeout=timeout)
@@ -83,7 +99,19 @@ class Dist:
     def run_on(self, nprocs: int, fn: Callable[..., Any], *args: Any, timeout: Optional[float] = None,
                **kwargs: Any) -> List[Any]:
         """``run`` on ``nprocs`` ranks instead of the test's ``world_size`` (a checkpoint loaded at
-        another world size). On GPUs, ``nprocs`` is at most the test's devices."""
+        another world size). On GPUs, more ranks than the test's devices skip the test with the marker
+        to use; emulated CPU ranks take any number.
+
+        Args:
+            nprocs: How many ranks to start (a positive integer).
+            fn: A module-level function, as for ``run``.
+            *args: Positional arguments of ``fn``.
+            timeout: Seconds this call may take, as for ``run``.
+            **kwargs: Keyword arguments of ``fn``.
+
+        Returns:
+            The ranks' return values in rank order.
+        """
         __tracebackhide__ = True
         if not isinstance(nprocs, int) or isinstance(nprocs, bool) or nprocs < 1:
             raise ValueError(f"dist.run_on(nprocs=...) must be a positive integer, got {nprocs!r}")
@@ -95,16 +123,35 @@ class Dist:
         return self._launch(fn, args, kwargs, nprocs=nprocs, timeout=timeout)
 
     def run_single(self, fn: Callable[..., Any], *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> Any:
-        """Run ``fn`` in one process that sees all of this test's devices (DataParallel, model
-        parallel within a process); ``rank_context().devices`` lists them. Returns its value."""
+        """Run ``fn(*args, **kwargs)`` in one process that sees all of the test's devices (DataParallel,
+        model parallel within a process); ``rank_context().devices`` lists them.
+
+        Args:
+            fn: A module-level function, as for ``run``.
+            *args: Positional arguments of ``fn``.
+            timeout: Seconds this call may take, as for ``run``.
+            **kwargs: Keyword arguments of ``fn``.
+
+        Returns:
+            ``fn``'s return value.
+        """
         __tracebackhide__ = True
         return self._launch(fn, args, kwargs, nprocs=1, timeout=timeout)[0]
 
     def spawn(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> List[Any]:
         """Drop-in for ``torch.multiprocessing.spawn(fn, args=args, nprocs=dist.world_size)``: runs
-        ``fn(rank, *args, **kwargs)`` in every rank with no process group up; the code's own
-        ``init_process_group`` joins this test's rendezvous whatever port it names. Returns the
-        ranks' values in rank order. See ``pytest_mgpu.spawn_mode``."""
+        ``fn(rank, *args, **kwargs)`` in every rank with no process group up. The code's own
+        ``init_process_group`` joins this test's rendezvous whatever address or port it names; a
+        backend the devices cannot run ("nccl" on CPU ranks) runs as gloo, with a RuntimeWarning.
+
+        Args:
+            fn: A module-level function taking the rank first, as ``mp.spawn`` calls it.
+            *args: Its arguments after the rank.
+            **kwargs: Its keyword arguments.
+
+        Returns:
+            The ranks' return values in rank order.
+        """
         __tracebackhide__ = True
         from .spawn_mode import spawn
 
@@ -115,11 +162,33 @@ class Dist:
                   strategy: Optional[str] = None, group: Optional[str] = None,
                   params: Optional[Dict[str, Any]] = None, single_process: bool = False,
                   min_run_time: Optional[float] = None, timeout: Optional[float] = None,
-                  global_batch: Optional[int] = None, **kwargs: Any) -> "Measurement":
-        """Time ``fn`` in every rank and return a ``Measurement``; the keywords are
-        ``pytest_mgpu.timing.measure.benchmark``'s (iterations, names, the report's group and params).
-        ``global_batch``: the samples one step processes over all ranks together (per-rank batch x
-        ranks), which gives throughput; ``batch_size`` is its older name, with the same meaning."""
+                  global_batch: Optional[int] = None, **kwargs: Any) -> Measurement:
+        """Time a training step in every rank and return its ``Measurement`` (the session's timing
+        report and gate judge it). ``fn(*args, **kwargs)`` runs once per rank; if it returns a
+        callable, that is the step timed and ``fn`` was its setup, else ``fn`` itself is the step.
+
+        Args:
+            fn: A module-level function, as for ``run``.
+            *args: Positional arguments of ``fn``.
+            warmup: Untimed iterations first. None: until two iterations agree within 10%.
+            repeat: Timed iterations. None: enough for ``min_run_time`` seconds, at least 5.
+            name: The measurement's name within the test. None: ``strategy``, else ``fn``'s name.
+            batch_size: The older name of ``global_batch``, with the same meaning.
+            strategy: The report row's label ("ddp", "fsdp", ...). None: ``name`` or ``fn``'s name.
+            group: Rows compared with each other (speed-up over the group's one-device row). None: the
+                test's name, so the ``world_sizes(1, 2, 4)`` variants of a test form one group.
+            params: What else varies within a strategy, shown in the row (``{"split_size": 8}``).
+            single_process: One process that sees all the test's devices instead of one per device.
+            min_run_time: Seconds of timed iterations when ``repeat`` is None. None: 1.0.
+            timeout: Seconds for the whole call, as for ``run``.
+            global_batch: Samples one step processes over all ranks together (per-rank batch x
+                ranks), which gives throughput and makes rows at several world sizes comparable.
+                None: no throughput.
+            **kwargs: Keyword arguments of ``fn``.
+
+        Returns:
+            The medians, spread, per-rank figures and peak memory of the step.
+        """
         __tracebackhide__ = True
         from .timing.measure import benchmark
 
@@ -128,39 +197,135 @@ class Dist:
                          min_run_time=min_run_time, timeout=timeout, global_batch=global_batch, **kwargs)
 
     def assert_parity(self, strategy: Union[str, Callable[..., Any]], model_fn: Callable[..., Any],
-                      batch_fn: Callable[..., Any], **kwargs: Any) -> "ParityReport":
-        """Train with ``strategy`` and on one device; compare every step. See ``parity.engine``.
-        ``strategy`` may also be the user's own parallel module's constructor: ``parity.user``."""
+                      batch_fn: Callable[..., Any], *, loss_fn: Optional[Callable[..., Any]] = None,
+                      optimizer_fn: Optional[Callable[..., Any]] = None, steps: int = 3,
+                      rtol: Optional[float] = None, atol: Optional[float] = None, deterministic: bool = False,
+                      timeout: Optional[float] = None, param_map: Optional[Dict[str, str]] = None,
+                      **options: Any) -> ParityReport:
+        """Train ``model_fn()`` under ``strategy`` on the test's devices and on one device, on the same
+        global batches, and compare loss, gradients, parameters and buffers after every step; skips
+        where the hardware cannot run the strategy (the reason says why).
+
+        Args:
+            strategy: "ddp", "fsdp", "dp", "model_parallel" or "pipeline"; or your own parallel
+                module's constructor, built in one process that sees all the test's devices.
+            model_fn: Module-level; builds the model (same seed on every side).
+            batch_fn: Module-level; ``batch_fn(step) -> (inputs, targets)``, the step's global batch.
+            loss_fn: ``loss_fn(outputs, targets)``. None: mean cross entropy.
+            optimizer_fn: ``optimizer_fn(params)``. None: SGD, lr 0.05, momentum 0.9 (Adam hides
+                gradient-scale errors).
+            steps: Optimizer steps compared.
+            rtol: Relative tolerance instead of the line measured from the model's own roundoff.
+            atol: Absolute tolerance, likewise.
+            deterministic: Demand bitwise equality where the strategy computes in one device's order.
+            timeout: Seconds per launch, as for ``run``.
+            param_map: Your module only: ``{"your name": "reference name"}`` for parameters whose
+                ``state_dict`` names differ.
+            **options: The strategy's own. Every strategy: ``check_buffers=True`` (compare buffers).
+                "ddp": ``sync_bn=False`` (SyncBatchNorm), ``accumulate=1`` (micro-steps under
+                ``no_sync`` per step), ``find_unused_parameters=False``,
+                ``gradient_as_bucket_view=False``, ``static_graph=False``, ``bucket_cap_mb=None``,
+                ``ddp_kwargs=None`` (any other DDP keywords). "fsdp": ``fsdp_version=2`` (1:
+                FullyShardedDataParallel), ``shard_modules="children"`` ("root", or a list of module
+                names), ``reshard_after_forward=True``, ``sharding_strategy="FULL_SHARD"`` (FSDP1).
+                "model_parallel": ``split_points=None`` (module names a stage starts at). "pipeline":
+                ``split_points=None``, ``split_size=None`` (rows per micro-batch),
+                ``schedule=None`` ("gpipe" or "1f1b": one stage per rank), ``n_microbatches=None``.
+
+        Returns:
+            The report of every step (``report.format()`` is the table).
+
+        Raises:
+            ParityError: The strategy trained differently; the first diverging step, the worst tensors
+                and the likely causes.
+        """
         __tracebackhide__ = True
+        shared: Dict[str, Any] = dict(loss_fn=loss_fn, optimizer_fn=optimizer_fn, steps=steps, rtol=rtol,
+                                      atol=atol, deterministic=deterministic, timeout=timeout)
         if callable(strategy):
             from .parity.user import assert_user_parity
 
-            return assert_user_parity(self, strategy, model_fn, batch_fn, **kwargs)
+            return assert_user_parity(self, strategy, model_fn, batch_fn, param_map=param_map, **shared, **options)
         from .parity.engine import assert_parity
 
-        return assert_parity(self, strategy, model_fn, batch_fn, **kwargs)
+        if param_map is not None:
+            options["param_map"] = param_map  # a built-in strategy takes none: refused with its options
+        return assert_parity(self, strategy, model_fn, batch_fn, **shared, **options)
 
     def assert_same_training(self, fn: Callable[..., Any], reference_fn: Callable[..., Any], *args: Any,
-                             steps: int = 3, **kwargs: Any) -> "ParityReport":
-        """The user's distributed loop in every rank against their one-device ``reference_fn``, step
-        by step: ``fn(log, *args, steps=, **kwargs)`` (``record="log"``), ``fn(*args, **kwargs)``
-        with a step per ``optimizer.step()`` (``record="optimizer"``), ``fn(rank, *args, **kwargs)``
-        as mp.spawn calls it (``spawn=True``). See ``parity.training``."""
+                             steps: int = 3, record: Optional[str] = None, spawn: bool = False,
+                             rtol: Optional[float] = None, atol: Optional[float] = None,
+                             timeout: Optional[float] = None, fn_kwargs: Optional[Dict[str, Any]] = None,
+                             reference_kwargs: Optional[Dict[str, Any]] = None, **kwargs: Any) -> ParityReport:
+        """Your distributed training loop ``fn`` in every rank (process group up) against your
+        one-device loop ``reference_fn`` in one process, both from the test's seed, compared step by
+        step: the ranks' mean loss and rank 0 against the reference, every rank against rank 0.
+
+        Args:
+            fn: Module-level; your loop for the ranks (DDP, FSDP, hand-written all_reduce ...).
+            reference_fn: Module-level; the same training on one device, on the ranks' rows together.
+            *args: Passed to both.
+            steps: Steps compared; each side must take exactly this many (else StepCountError).
+            record: What a step is. "log": both loops are called ``f(log, *args, steps=steps,
+                **kwargs)`` and call ``log(model, loss)`` once per step, after ``backward()``.
+                "optimizer": loops run unchanged, ``f(*args, **kwargs)``; a step is one
+                ``optimizer.step()``. None: "log", or "optimizer" under ``spawn=True``.
+            spawn: ``fn`` is an ``mp.spawn`` entry point: called ``fn(rank, *args, **kwargs)`` with no
+                process group up, its own ``init_process_group`` joining the test's.
+            rtol: Relative tolerance instead of the line measured over the whole run.
+            atol: Absolute tolerance, likewise.
+            timeout: Seconds per side's launch, as for ``run``.
+            fn_kwargs: Keywords for ``fn`` only, over ``**kwargs`` (a bug flag in ``**kwargs`` trains both).
+            reference_kwargs: Keywords for ``reference_fn`` only, over ``**kwargs``.
+            **kwargs: Passed to both.
+
+        Returns:
+            The report of every step (``report.format()``, ``report.notes``, ``report.per_step()``).
+
+        Raises:
+            ParityError: The loops train differently (or nothing moved: "nothing was compared").
+            StepCountError: A side took another number of steps than ``steps``.
+            RankFailure: A rank raised, hung or died.
+        """
         __tracebackhide__ = True
         from .parity.training import assert_same_training
 
-        return assert_same_training(self, fn, reference_fn, *args, steps=steps, **kwargs)
+        return assert_same_training(self, fn, reference_fn, *args, steps=steps, record=record,  # type: ignore[arg-type]
+                                    spawn=spawn, rtol=rtol, atol=atol, timeout=timeout, fn_kwargs=fn_kwargs,
+                                    reference_kwargs=reference_kwargs, **kwargs)
 
     def assert_resumes(self, fn: Callable[..., Any], *args: Any, steps: int, stop_after: int,
-                       world_size_after: Optional[int] = None, spawn: bool = False, **kwargs: Any) -> "ParityReport":
-        """The user's trainer run through, then stopped after ``stop_after`` optimizer steps and run
-        again (on ``world_size_after`` ranks) to resume from its own checkpoint: the resumed steps
-        must train like the uninterrupted ones. See ``parity.resume``."""
+                       world_size_after: Optional[int] = None, spawn: bool = False,
+                       rtol: Optional[float] = None, atol: Optional[float] = None,
+                       timeout: Optional[float] = None, **kwargs: Any) -> ParityReport:
+        """Your trainer run three times: through, stopped after ``stop_after`` optimizer steps, and
+        again to resume from its own checkpoint (each phase in a folder of its own, the last two
+        sharing one: ``checkpoint_dir()``). The resumed steps must train like the uninterrupted ones.
+
+        Args:
+            fn: Module-level; your trainer, ``fn(*args, **kwargs)`` with the process group up.
+            *args: Passed to ``fn``.
+            steps: Optimizer steps of the whole run (N).
+            stop_after: The interrupted run stops as its step ``stop_after + 1`` begins (K < N).
+            world_size_after: Ranks of the resumed run. None: the test's world size.
+            spawn: ``fn`` is an ``mp.spawn`` entry point, called ``fn(rank, *args, **kwargs)``.
+            rtol: Relative tolerance instead of the measured line (used where not bitwise equal).
+            atol: Absolute tolerance, likewise.
+            timeout: Seconds per phase's launch, as for ``run``.
+            **kwargs: Passed to ``fn``.
+
+        Returns:
+            The report of the resumed steps; its first note says where the resume started.
+
+        Raises:
+            ParityError: The resumed steps train otherwise, or nothing was resumed; the likely cause.
+            RankFailure: A phase's rank raised (a checkpoint that cannot load at another world size).
+        """
         __tracebackhide__ = True
         from .parity.resume import assert_resumes
 
-        return assert_resumes(self, fn, *args, steps=steps, stop_after=stop_after,
-                              world_size_after=world_size_after, spawn=spawn, **kwargs)
+        return assert_resumes(self, fn, *args, steps=steps, stop_after=stop_after, world_size_after=world_size_after,
+                              spawn=spawn, rtol=rtol, atol=atol, timeout=timeout, **kwargs)
 
     # -- internals ----------------------------------------------------------------------------
     def spec(self, nprocs: int, timeout: Optional[float] = None) -> LaunchSpec:

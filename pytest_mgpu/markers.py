@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import re
-from typing import Iterable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Iterable, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    import pytest
 
 WORLD_SIZES = (1, 2, 4, 8, 16)
 MARKERS = {f"gpu{n}": n for n in WORLD_SIZES}
@@ -64,12 +67,16 @@ def _mark(n: int):
     return getattr(pytest.mark, f"gpu{n}")
 
 
-def world_sizes(*sizes: int):
-    """Parametrize a test that uses ``dist`` over world sizes; each variant carries its ``gpuN``
-    marker and id, so ``-m gpu2`` selects only the 2-rank one::
+def world_sizes(*sizes: int) -> pytest.MarkDecorator:
+    """Parametrize a test that uses ``dist`` over world sizes: ``@world_sizes(1, 2, 4)`` makes three
+    tests, ids ``[gpu1]``, ``[gpu2]``, ``[gpu4]``, each carrying its ``gpuN`` marker, so ``-m gpu2``
+    selects the 2-rank one.
 
-        @world_sizes(1, 2, 4)
-        def test_allreduce(dist): ...
+    Args:
+        *sizes: The world sizes, each from 1 to 16, none twice.
+
+    Returns:
+        ``pytest.mark.parametrize`` of the ``dist`` fixture.
     """
     import pytest
 

@@ -39,7 +39,21 @@ class ParityError(AssertionError):
 
 @dataclass
 class ParityReport:
-    """Every measured error of a parity run, and the judgement. ``format()`` is the per-step table."""
+    """Every measured error of a parity run, and the judgement, as ``dist.assert_parity``,
+    ``assert_same_training`` and ``assert_resumes`` return it (and ``ParityError.report`` holds it).
+    ``print(report.format())`` shows the per-step table.
+
+    Attributes:
+        strategy: What was judged: the strategy's name, "user" or the loop's function name.
+        world_size: The test's world size.
+        where: The devices it ran on, e.g. "2 x cpu (gloo, emulated)".
+        tolerance: The rule and the measured line every tensor was judged by.
+        records: Per step, the error of every compared tensor.
+        facts: What the run knew of the model and its sides (for the hints).
+        notes: What the reader should know: where a resume started, why a check was skipped.
+        against: What the run was compared with, e.g. "one device".
+        keywords: The keywords each side received, where the test passed any (``assert_same_training``).
+    """
 
     strategy: str
     world_size: int
@@ -52,6 +66,8 @@ class ParityReport:
     keywords: str = ""  # the keywords each side received, where the test passed any (assert_same_training)
 
     def describe(self) -> str:
+        """The strategy and its devices, e.g. "ddp on 2 x cpu (gloo, emulated)", and the keywords each
+        side received where the test passed any."""
         return f"{self.facts.strategy} on {self.where}" + (f" ({self.keywords})" if self.keywords else "")
 
     def failures(self) -> List[Tuple[int, TensorError, float]]:
@@ -61,10 +77,12 @@ class ParityReport:
 
     @property
     def passed(self) -> bool:
+        """No tensor exceeded its bound at any step."""
         return not self.failures()
 
     @property
     def first_divergence(self) -> Optional[int]:
+        """The first step with a tensor over its bound; None when it passed."""
         f = self.failures()
         return f[0][0] if f else None
 
@@ -85,12 +103,15 @@ class ParityReport:
         return max((line.ratio for line in self.lines()), default=0.0)
 
     def errors(self, kind: Optional[Kind] = None, step: Optional[int] = None) -> List[TensorError]:
+        """Every compared tensor's error, of one kind ("loss", "output", "grad", "param", "buffer")
+        and one step where given."""
         if kind is not None and kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         return [e for r in self.records if step is None or r.step == step
                 for e in r.errors if kind is None or e.kind == kind]
 
     def max_abs(self, kind: Optional[Kind] = None, step: Optional[int] = None) -> float:
+        """Worst elementwise absolute error."""
         return max((e.max_abs for e in self.errors(kind, step)), default=0.0)
 
     def max_rel(self, kind: Optional[Kind] = None, step: Optional[int] = None) -> float:
@@ -117,12 +138,15 @@ class ParityReport:
 
     @property
     def bitwise(self) -> bool:
+        """Every compared tensor was bitwise equal to the reference."""
         return all(e.max_abs == 0 for e in self.errors())
 
     def __str__(self) -> str:
         return self.format()
 
     def format(self) -> str:
+        """The verdict, the per-step table (worst error of each kind, floor, line, worst / line) and
+        the notes."""
         verdict = "matches" if self.passed else "DIVERGES from"
         judged = "bitwise equal" if self.bitwise else "tolerance " + self.tolerance.describe()
         head = f"parity: {self.describe()} {verdict} {self.against} over {len(self.records)} step(s); {judged}"
@@ -134,4 +158,5 @@ class ParityReport:
         return "\n".join(body)
 
     def failure_message(self) -> str:
+        """What ``ParityError`` says: the cause and fix first, then the table and every hint."""
         return diagnose.failure_message(self)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from ..launch.errors import RankFailure
 from ..launch.protocol import pack_call
@@ -20,16 +20,27 @@ from .result import Simulation
 from .steps import step
 
 
-def simulate(fn, *args, world_size: int, rank: int = 0, timeout: Optional[float] = None,
-             **kwargs) -> Simulation:
-    """Run ``fn(*args, **kwargs)`` in a fresh process as rank ``rank`` of a fake process group of
-    ``world_size`` ranks (``init_device_mesh("cpu", ...)`` works there, 1-D and n-D), counting its
-    collectives and tracking its memory; return the ``Simulation``.
+def simulate(fn: Callable[..., Any], *args: Any, world_size: int, rank: int = 0, timeout: Optional[float] = None,
+             **kwargs: Any) -> Simulation:
+    """One rank of a ``world_size``-rank job on this CPU: ``fn(*args, **kwargs)`` in a fresh process
+    as rank ``rank`` of PyTorch's fake process group, whose collectives move no data, counting its
+    collectives and bytes and tracking its memory. ``init_device_mesh("cpu", ...)``, FSDP2, tensor
+    parallel and DTensor run there unchanged; DDP does not. Called as ``pytest_mgpu.simulate(...)``.
 
-    Seeded as a real rank is (``--mgpu-seed``, ``rank_context()``). A failure in ``fn`` raises
-    ``RankFailure`` naming the simulated rank, with its traceback; a hang ends after the limit of
-    ``dist.run``: ``timeout`` (seconds), else the test's ``mgpu_timeout`` marker, else ``--mgpu-timeout``.
-    ``fn`` must be a module-level function; its arguments and return value are pickled.
+    Args:
+        fn: A module-level function; its arguments and return value are pickled.
+        *args: Positional arguments of ``fn``.
+        world_size: The ranks of the job played (1 or more).
+        rank: The rank played, from 0 to ``world_size - 1``.
+        timeout: Seconds before a hang is ended with the rank's stack. None: the test's
+            ``mgpu_timeout`` marker, else ``--mgpu-timeout`` (default 300).
+        **kwargs: Keyword arguments of ``fn``.
+
+    Returns:
+        The call's counts, bytes, memory and per-step figures, and ``fn``'s value.
+
+    Raises:
+        RankFailure: ``fn`` raised or hung; it names the simulated rank, with its traceback.
     """
     __tracebackhide__ = True
     from .runner import run, timeout_of

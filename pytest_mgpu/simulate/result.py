@@ -48,8 +48,16 @@ class Counts(Dict[str, int]):
 
 @dataclass(frozen=True)
 class MemoryFigures(Mapping):
-    """Bytes this rank holds at one moment (its local shards), by what holds them; ``live`` is every
-    tensor storage alive then. Read as attributes (``m.params``) or as a mapping (``m["params"]``)."""
+    """Bytes this rank holds at one moment (its local shards), by what holds them. Read as attributes
+    (``m.params``) or as a mapping (``m["params"]``).
+
+    Attributes:
+        params: Parameters' storage, each once.
+        grads: Gradients'.
+        optimizer: The optimizer's state.
+        buffers: Modules' buffers.
+        live: Every tensor storage alive then.
+    """
 
     params: int = 0
     grads: int = 0
@@ -75,7 +83,17 @@ class MemoryFigures(Mapping):
 
 @dataclass
 class StepFigures:
-    """One step: the user's ``step(name)``, or the work up to and including one ``optimizer.step()``."""
+    """One step: the user's ``step(name)``, or the work up to and including one ``optimizer.step()``.
+
+    Attributes:
+        name: The step's name.
+        collectives: Op name -> how many the step issued.
+        comm_bytes: Bytes this rank sent in the step.
+        peak_bytes: The most tensor memory alive at once in the step.
+        memory: What the rank held at the step's end.
+        wall_s: Seconds the step took in the simulated rank.
+        comm_bytes_by_op: Op name -> bytes sent.
+    """
 
     name: str
     collectives: Dict[str, int]
@@ -105,11 +123,25 @@ class SimRecord:
 
 @dataclass
 class Simulation:
-    """One call of ``fn`` as rank ``rank`` of a fake process group of ``world_size`` ranks.
+    """One call of ``fn`` as rank ``rank`` of a fake process group of ``world_size`` ranks, as
+    ``pytest_mgpu.simulate`` returns it.
 
-    ``collectives``: op name -> count (0 for an op never issued); ``comm_bytes``: the bytes this rank sends (ring convention,
-    ``simulate.wire``), and ``comm_bytes_by_op`` the same per op name; ``peak_bytes``: the most tensor memory alive at once; ``memory``: at the end of
-    the last step (or of the call when there were no steps); ``steps``: per-step figures."""
+    Attributes:
+        world_size: The ranks of the job played.
+        rank: The rank played.
+        value: ``fn``'s return value.
+        collectives: Op name -> count, by the names users know (``all_gather_into_tensor``,
+            ``reduce_scatter_tensor``, ``all_reduce``, ...), raw c10d and functional ops alike;
+            0 for an op never issued.
+        comm_bytes: Bytes this rank sends, under the ring algorithms NCCL uses for large messages.
+        peak_bytes: The most tensor memory alive at once.
+        memory: What the rank holds at the end of the last step (of the call, without steps).
+        steps: Per-step figures: one per ``optimizer.step()``, or per ``step(name)`` block.
+        wall_s: Seconds ``fn`` took in the simulated rank.
+        call_s: Seconds of the whole call: process start, ``fn``, return.
+        fn: ``fn``'s qualified name.
+        comm_bytes_by_op: Op name -> bytes sent (0 for an op never issued).
+    """
 
     world_size: int
     rank: int
@@ -128,7 +160,11 @@ class Simulation:
         self.collectives, self.comm_bytes_by_op = Counts(self.collectives), Counts(self.comm_bytes_by_op)
 
     def format(self, tablefmt: str = "simple") -> str:
-        """A heading and one row per step, then the whole call, as the timing report draws tables."""
+        """A heading and one row per step, then the whole call, as the timing report draws tables.
+
+        Args:
+            tablefmt: A ``tabulate`` table format ("simple", "github", ...).
+        """
         from tabulate import tabulate
 
         head = (f"simulate({self.fn}): rank {self.rank} of {self.world_size}, fake process group on cpu; "

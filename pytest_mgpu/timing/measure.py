@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..launch.protocol import pack_call
+from .arguments import loop_config, resolve_global_batch
 from .inrank import DEFAULT_MIN_RUN_TIME, LoopConfig, RankTiming, rank_loop
 from .reference import UNNORMALIZED_HASH, gate_reference_hash
 from .structure.figures import CallStructure, of_benchmark
@@ -83,7 +84,24 @@ def _quartiles(xs: Sequence[float]):
 
 @dataclass
 class Measurement:
-    """Samples of one timed step: per iteration (slowest rank) and per rank, plus peak memory."""
+    """One timed step, as ``dist.benchmark`` returns it (``median``, ``iqr``: seconds; ``format()``: text).
+
+    Attributes:
+        task: What was timed and how the report places it (name, strategy, group, world size).
+        samples: Seconds per timed iteration, each the slowest rank's.
+        rank_samples: Per rank, its seconds per iteration.
+        warmup: Warm-up iterations that ran.
+        peak_mem_bytes: Per rank, the peak tensor memory of the step (None where unknown).
+        mem_source: How the peak was read (CUDA's allocator, or the profiler's CPU allocations).
+        reference_samples: The in-run reference workload's seconds, timed beside each iteration.
+        reference_hash: Which reference workload produced them.
+        unstable: Why the samples do not describe one speed ("" when they do); never judged.
+        remeasured: Re-measurements taken (for instability, or to confirm a regression).
+        remeasure: Measures the step again (None where the revision lane measured it).
+        revision: Under ``--mgpu-against``: the head/base pairs and their verdict.
+        structure: The collectives, bytes and memory per step, judged against the structure goldens.
+        lane_only: The samples are the revision lane's head turns, judged by the lane alone.
+    """
 
     task: TaskSpec
     samples: List[float]  # seconds per iteration; each the slowest rank's time
@@ -236,25 +254,6 @@ def refuse_non_finite(timings: Sequence[RankTiming]) -> None:
 
 
 # -- in the test process ----------------------------------------------------------------------------
-def _positive_int(name: str, value, allow_zero: bool) -> Optional[int]:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
-        least = 0 if allow_zero else 1
-        raise ValueError(f"dist.benchmark: {name} must be an integer >= {least} (or None to calibrate), "
-                         f"got {value!r}")
-    return value
-
-
-def _global_batch(global_batch: Optional[int], batch_size: Optional[int]) -> Tuple[Optional[int], str]:
-    """(the global batch, the keyword it came as)."""
-    if global_batch is not None and batch_size is not None:
-        raise ValueError("dist.benchmark: give global_batch= or its older name batch_size=, not both")
-    keyword = "global_batch" if global_batch is not None else "batch_size" if batch_size is not None else ""
-    value = global_batch if global_batch is not None else batch_size
-    return _positive_int(keyword or "global_batch", value, allow_zero=False), keyword
-
-
 def benchmark(
     dist,
     fn,
@@ -288,8 +287,8 @@ def benchmark(
 
         pytest.skip("dist.benchmark does not time ranks sharing a GPU (--mgpu-fallback=share): their times "
                     "measure each other's turns, not the step. Time on GPUs of their own, or CPU ranks")
-    loop = _loop_config(warmup, repeat, min_run_time)
-    batch_size, batch_keyword = _global_batch(global_batch, batch_size)
+    loop = loop_config(warmup, repeat, min_run_time)
+    batch_size, batch_keyword = resolve_global_batch(global_batch, batch_size)
     ref, payload = pack_call(fn, args, kwargs)  # clear errors for unsendable functions and arguments
     run = functools.partial(_launch, dist, ref, args, kwargs, loop, single_process, timeout)
     revision, timings = _lane_timings(dist, ref, payload, loop, single_process, timeout)
@@ -326,15 +325,6 @@ def _lane_timings(dist, ref, payload: bytes, loop: LoopConfig, single_process: b
     revision, timings = lane.measure(dist, ref, payload, loop, single_process, timeout)
     refuse_non_finite(timings)
     return revision, timings
-
-
-def _loop_config(warmup, repeat, min_run_time) -> LoopConfig:
-    """The rank loop's counts, checked here, before any rank starts."""
-    warmup = _positive_int("warmup", warmup, allow_zero=True)
-    repeat = _positive_int("repeat", repeat, allow_zero=False)
-    if min_run_time is not None and not min_run_time > 0:
-        raise ValueError(f"dist.benchmark: min_run_time must be a positive number of seconds, got {min_run_time!r}")
-    return LoopConfig(warmup, repeat, float(min_run_time or DEFAULT_MIN_RUN_TIME))
 
 
 def _unique_name(name: str, recorded: Optional[List[Measurement]]) -> str:

@@ -28,8 +28,18 @@ class Folder(str):
 
 
 def checkpoint_dir() -> Folder:
-    """Inside a rank of ``dist.assert_resumes``: the folder of the phase under way (the interrupted
-    and the resumed phase share one). Raises RuntimeError elsewhere."""
+    """The folder where a trainer under ``dist.assert_resumes`` saves and finds its checkpoint.
+
+    Each phase runs with this folder as its current directory; the interrupted and the resumed phase
+    share one, so a checkpoint saved by the first is found by the second.
+
+    Returns:
+        The phase's folder: a ``str`` that also takes ``/`` (``checkpoint_dir() / "last.pt"`` is a
+        ``pathlib.Path``).
+
+    Raises:
+        RuntimeError: Outside the ranks of ``dist.assert_resumes``.
+    """
     path = os.environ.get(ENV)
     if not path:
         raise RuntimeError(
