@@ -12,7 +12,7 @@ import importlib
 
 import pytest
 
-from pytest_mgpu import world_sizes
+from pytest_mgpu import ParityError, world_sizes
 
 
 @world_sizes(2)
@@ -26,3 +26,20 @@ def test_correct_public_stack_passes(dist, family, variant):
     if family == "comm_hooks":
         assert any("reduce their gradients in bfloat16 (DDP's bf16_compress_hook)" in n for n in report.notes), report.notes
     assert report.passed
+
+
+@world_sizes(2)
+@pytest.mark.parametrize("family, bug, cause", [
+    ("lm_ddp", "lr_rank", "one rank's update differs (the weights before step"),
+    ("zero_ddp", "no_ddp", "gradients are not synchronized between ranks (rank(s) 1 differ from rank 0"),
+])
+def test_replicas_that_differ_are_the_first_cause_by_their_phase(dist, family, bug, cause):
+    """Ranks that should hold equal tensors and do not, at the first diverging step: said first, with
+    the phase they differ in and the evidence, whatever else differs after."""
+    fam = importlib.import_module(f"benchmarks.heldout.{family}")
+    with pytest.raises(ParityError) as failure:
+        dist.assert_same_training(functools.partial(fam.train, bug=bug), fam.reference, dist.world_size,
+                                  steps=fam.STEPS, record="optimizer")
+    first = next(line for line in str(failure.value).splitlines() if line.startswith("likely cause: "))
+    print(first)
+    assert first.startswith(f"likely cause: {cause}"), first
