@@ -86,7 +86,8 @@ def train(ddp: bool, steps=20, batch=16, lr=3e-3, bug_lr=0.0, bug_from=10, seed=
                 return
 
 
-def resumable(steps=20, batch=16, lr=3e-3, forget_scheduler=False, resumed_lr=0.0, every=4):
+def resumable(steps=20, batch=16, lr=3e-3, forget_scheduler=False, resumed_lr=0.0, every=4, last_lr=0.0):
+    """``last_lr``: the resumed run's last step alone takes lr x (1 + last_lr)."""
     torch.manual_seed(0)
     model = nn.parallel.DistributedDataParallel(LM())
     ds = data()
@@ -114,6 +115,9 @@ def resumable(steps=20, batch=16, lr=3e-3, forget_scheduler=False, resumed_lr=0.
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if resumed and last_lr and step == steps - 1:
+                for g in opt.param_groups:
+                    g["lr"] *= 1 + last_lr
             opt.step()
             sched.step()
             step += 1

@@ -74,3 +74,16 @@ def test_a_chaotic_tensor_keeps_its_own_floor_and_sets_no_line_of_the_others():
     assert own[(0, "param", "attn.in_proj_bias")] == pytest.approx(1e-2)
     # without the outlier's chaos, nothing changes: every tensor is typical
     assert pooled_floors([StepRecord(0, steady)])[0][(0, "param")] == pytest.approx(1.5e-7)
+
+
+@world_sizes(2)
+def test_a_bug_in_the_last_update_alone_is_caught(dist):
+    """Stopped after 4 of 6 steps, resumed from step 4, and the 6th update alone 0.1% off (as a scheduler
+    not restored can be, where the optimizer's state brings back the first resumed step's learning
+    rate): no later step's record shows it, the parameters after the last step do."""
+    dist.assert_resumes(P(A.resumable, steps=6), steps=6, stop_after=4)
+    with pytest.raises(ParityError) as failure:
+        dist.assert_resumes(P(A.resumable, steps=6, last_lr=1e-3), steps=6, stop_after=4)
+    first = str(failure.value).splitlines()[0]
+    print(first)
+    assert first.startswith("not bitwise: after the last step (step 6) the resumed run's parameters differ")

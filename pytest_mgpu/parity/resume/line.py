@@ -37,7 +37,19 @@ def bitwise(uninterrupted: List[SideLog], resumed: List[SideLog], start: int) ->
                     other = theirs[name]
                     if (t is None) != (other is None) or (t is not None and not torch.equal(t, other)):
                         return False
-    return True
+    return all(not last_update_differs(u, r) for u, r in zip(uninterrupted, resumed))
+
+
+def last_update_differs(uninterrupted: SideLog, resumed: SideLog) -> List[str]:
+    """The tensors whose parameters after the last step differ between the two runs (full tensors,
+    both recorded): the last step's update, which no later step's record shows."""
+    import torch
+
+    mine, theirs = resumed.final, uninterrupted.final
+    if not mine or not theirs or set(mine) != set(theirs):
+        return []
+    return [n for n, t in mine.items() if t is not None and theirs[n] is not None
+            and not (t.shape == theirs[n].shape and torch.equal(t, theirs[n]))]
 
 
 def low_precision(side: SideLog) -> bool:

@@ -23,6 +23,7 @@ from ..record.recorder import SideLog, StepLog
 from ..training import compare_sides
 from .hints import Finding, Resume, findings
 from .marks import SAME, Mark, closest, finite, mark
+from .line import last_update_differs
 from .phases import PhaseResult
 
 NOTHING = "nothing was resumed"
@@ -118,6 +119,14 @@ def judge_resume(run: Run, uninterrupted: List[PhaseResult], resumed: List[Phase
         raise ParityError(vacuous, report)
     if not report.passed or (found and not matched) or any(f.fails for f in found):
         raise ParityError(failure_message(run, report, found), report)
+    last = last_update_differs(u_sides[0], r_sides[0]) if run.reproducible and report.exact else []
+    if last:
+        raise ParityError(
+            f"not bitwise: after the last step (step {run.steps}) the resumed run's parameters differ from the "
+            f"uninterrupted one's ({len(last)} tensor(s), e.g. {last[0]}), whose first {run.stop_after} steps the "
+            f"interrupted run reproduced exactly: the last step's update differs (a learning rate or optimizer "
+            f"state not restored, e.g. a scheduler whose state was not loaded)\n" + "\n".join(report.notes)
+            + f"\nthe checkpoints are kept in {run.folder}", report)
     return report
 
 
