@@ -44,9 +44,12 @@ def assert_resumes(dist, fn, *args, steps: int, stop_after: int, world_size_afte
     name = getattr(getattr(fn, "func", fn), "__name__", "fn")
     where = _where(dist, dist.world_size)
     run = Run(name, steps, stop_after, where, _where(dist, after), after, shared)
-    uninterrupted = _phase(dist, job("uninterrupted", folders.new("uninterrupted")), dist.world_size, timeout, run)
+    digests = after == dist.world_size <= EXACT_SUMS  # where a verdict can read them
+    uninterrupted = _phase(dist, job("uninterrupted", folders.new("uninterrupted"), digests=digests),
+                           dist.world_size, timeout, run)
     _check_steps("uninterrupted", [r.side and len(r.side.steps) for r in uninterrupted], steps, run)
-    interrupted = _phase(dist, job("interrupted", shared, stop_after=stop_after), dist.world_size, timeout, run)
+    interrupted = _phase(dist, job("interrupted", shared, stop_after=stop_after, digests=digests), dist.world_size,
+                         timeout, run)
     _check_steps("interrupted", [r.taken for r in interrupted], stop_after, run)
     u0 = uninterrupted[0].side
     assert u0 is not None
@@ -60,7 +63,7 @@ def assert_resumes(dist, fn, *args, steps: int, stop_after: int, world_size_afte
     r_sides = [r.side for r in resumed if r.side is not None]
     start, matched = resume_point(marks, r_sides[0])
     exact = matched and start > 0 and bitwise(u_sides, r_sides, start)
-    run = dataclasses.replace(run, reproducible=after == dist.world_size <= EXACT_SUMS and reproduced(
+    run = dataclasses.replace(run, reproducible=digests and reproduced(
         [r.digests for r in uninterrupted], [r.digests for r in interrupted], stop_after))
     if matched and start > 0 and not exact and not run.reproducible and rtol is None and atol is None:
         companions = job("line", "", companion_folders=(folders.new("float64"), folders.new("twin")),

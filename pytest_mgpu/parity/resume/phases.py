@@ -43,6 +43,7 @@ class PhaseJob:
     low: bool = False  # line: the trainer computes in a low precision (a twin runs beside the float64 run)
     stop_after: int = 0  # interrupted: K
     marks: Tuple[Mark, ...] = ()  # resumed: the uninterrupted run's states 0..N
+    digests: bool = False  # uninterrupted, interrupted: hash each rank's parameters per step (digests.py)
 
 
 @dataclass
@@ -118,7 +119,7 @@ def _run_phase(job: PhaseJob) -> PhaseResult:
         return _resumed(job, fn, ctx.rank)
     if job.phase == "line":
         return _line(job, fn, ctx.rank, ctx.seed)
-    with in_folder(job.folder), Digests().installed() as seen:
+    with in_folder(job.folder), Digests(job.digests).installed() as seen:
         side, notes = run_side(job.loop, fn, ctx.rank)
     return PhaseResult(side, notes, digests=seen.digests)
 
@@ -153,7 +154,7 @@ def _interrupted(job: PhaseJob, fn, rank: int) -> PhaseResult:
         made.append(StopBefore(job.stop_after, watch))
         return made[-1]
 
-    with in_folder(job.folder), Digests().installed() as seen:
+    with in_folder(job.folder), Digests(job.digests).installed() as seen:
         _, notes = run_side(job.loop, fn, rank, recorder=recorder, watched=False)
     return PhaseResult(notes=notes, taken=made[-1].taken if made else 0, digests=seen.digests)
 
