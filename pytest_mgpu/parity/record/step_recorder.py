@@ -222,7 +222,9 @@ def optimizer_state(optimizer) -> Tuple[int, float]:
     """(how many parameters have optimizer state, the largest step count in it; -1 where none
     counts): what a restored optimizer must have, and a fresh one does not."""
     held, step = 0, -1.0
-    for state in optimizer.state.values():
+    inner = getattr(optimizer, "optim", None)  # ZeroRedundancyOptimizer keeps its state in its local optimizer
+    source = inner if inner is not None and hasattr(inner, "state") and not optimizer.state else optimizer
+    for state in source.state.values():
         if state:
             held += 1
             count = state.get("step")
