@@ -27,6 +27,16 @@ PAGE_TIMEOUT_S = 600  # one page's tests; a hang fails its blocks instead of the
 _sybil_hook = None
 
 
+def _asked_for(file_path: Path, config) -> bool:
+    """The command line named this page, or a folder below the root that holds it (``docs/``)."""
+    here = Path(config.invocation_params.dir)
+    for arg in config.args:
+        path = (here / arg.split("::", 1)[0]).resolve()
+        if path == file_path or (path != ROOT and path in file_path.parents):
+            return True
+    return False
+
+
 def pytest_collect_file(file_path, parent):
     """README.md and docs/**/*.md: their Python blocks (Sybil, imported only when a page is collected,
     so that a run of suites/ or tests/ needs no docs tester installed)."""
@@ -37,6 +47,8 @@ def pytest_collect_file(file_path, parent):
         try:
             from sybil import Sybil
         except ImportError as exc:
+            if not _asked_for(file_path, parent.config):
+                return None  # pytest offers README.md to this hook for `pytest suites/` too: not asked, not run
             raise ImportError("the docs' Python blocks are run by Sybil: pip install -e '.[test]' (or "
                               "pip install sybil), then python -m pytest README.md docs/") from exc
         from sybil.evaluators.python import PythonEvaluator

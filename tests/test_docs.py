@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import inspect
+import os
 import re
 from pathlib import Path
 from typing import List
@@ -169,3 +170,26 @@ def test_every_fence_in_the_docs_names_its_language():
                     bare.append(f"{path.relative_to(ROOT).as_posix()}:{n}")
                 inside = not inside
     assert not bare, "fence these as ```text (output) or ```python (code that runs):\n" + "\n".join(bare)
+
+
+def test_the_suites_collect_where_the_docs_tester_is_not_installed(tmp_path):
+    """README's first command installs no test extra: pytest offers README.md to the root conftest's
+    collection hook for `pytest suites/` too, which must then ask for no Sybil; named, a page says how
+    to install it."""
+    import subprocess
+    import sys
+
+    stub = tmp_path / "sybil"
+    stub.mkdir()
+    (stub / "__init__.py").write_text("raise ImportError('not installed')\n")
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    env = {k: v for k, v in env.items() if not k.startswith("PYTEST_")}
+
+    def collect(*args):
+        return subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+    suites = collect("suites/test_dp.py")
+    assert suites.returncode == 0, suites.stdout + suites.stderr
+    page = collect("README.md")
+    assert page.returncode != 0 and "pip install -e '.[test]'" in page.stdout + page.stderr
