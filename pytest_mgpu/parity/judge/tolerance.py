@@ -20,6 +20,7 @@ MULTIPLE is measured: see ``benchmarks/parity_calibration.py`` and the note on i
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Literal, Optional, Tuple
 
@@ -174,8 +175,8 @@ def _medians(mine: Dict[Tuple[str, str], float]) -> Dict[str, float]:
     by_kind: Dict[str, List[float]] = {}
     for (kind, _), value in mine.items():
         by_kind.setdefault(kind, []).append(value)
-    return {kind: sorted(v)[len(v) // 2] for kind, v in by_kind.items()
-            if len(v) >= CHAOS_MIN_TENSORS and sorted(v)[len(v) // 2] > 0}
+    typical = {kind: statistics.median(v) for kind, v in by_kind.items() if len(v) >= CHAOS_MIN_TENSORS}
+    return {kind: m for kind, m in typical.items() if m > 0}
 
 
 def twin_loss_agrees(twin_gap: float, loss: float, shadow_rel: Optional[float], facts: RunFacts) -> bool:

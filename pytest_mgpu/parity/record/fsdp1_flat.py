@@ -43,17 +43,16 @@ def _full(t, unit) -> Any:
     return out.to("cpu")
 
 
-def expand(name: str, flat: Any, unit_path: str, unit: Any, clean) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+def expand(flat: Any, unit_path: str, unit: Any, clean) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """(params, grads) of one flat parameter, under the original tensors' names (``clean`` strips
     the wrappers' path parts). A gradient the rank does not hold is None."""
     whole = _full(flat, unit)
     grad = _full(flat.grad, unit) if flat.grad is not None else None
-    prefix = ".".join(p for p in (unit_path,) if p)
     params: Dict[str, Any] = {}
     grads: Dict[str, Any] = {}
     offset = 0
     for fqn, shape, n in zip(flat._fqns, flat._shapes, flat._numels):
-        key = clean(f"{prefix}.{fqn}" if prefix else fqn)
+        key = clean(f"{unit_path}.{fqn}" if unit_path else fqn)
         params[key] = whole[offset:offset + n].view(shape).clone()
         grads[key] = grad[offset:offset + n].view(shape).clone() if grad is not None else None
         offset += n

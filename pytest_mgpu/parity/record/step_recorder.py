@@ -62,15 +62,8 @@ class StepRecorder:
 
     @contextlib.contextmanager
     def installed(self):
-        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-
-        handles = [register_optimizer_step_pre_hook(quietly(self._pre)),
-                   register_optimizer_step_post_hook(quietly(self._post))]
-        try:
+        with step_hooks(self._pre, self._post):
             yield self
-        finally:
-            for h in handles:
-                h.remove()
 
     # -- the hooks ------------------------------------------------------------------------------
     def _pre(self, optimizer, args, kwargs) -> None:
@@ -194,12 +187,25 @@ def read_full(named: List[Tuple[str, Any]], models: List[Tuple[str, Any]]) -> Tu
         for n, p in named:
             if id(p) in flats:
                 path, unit = flats[id(p)]
-                more, more_grads = expand(n, p, path, unit, clean_name)
+                more, more_grads = expand(p, path, unit, clean_name)
                 params.update(more)
                 grads.update(more_grads)
             else:
                 grads[n], params[n] = full_copy(p.grad), full_copy(p)
     return params, grads
+
+
+@contextlib.contextmanager
+def step_hooks(pre: Callable, post: Callable):
+    """torch's global optimizer step pre and post hooks, ``quietly``, for the ``with`` block."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    handles = [register_optimizer_step_pre_hook(quietly(pre)), register_optimizer_step_post_hook(quietly(post))]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def quietly(hook: Callable) -> Callable:

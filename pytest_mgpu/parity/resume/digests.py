@@ -15,7 +15,7 @@ import contextlib
 import hashlib
 from typing import Iterator, List
 
-from ..record.step_recorder import quietly
+from ..record.step_recorder import step_hooks
 
 # Up to this many ranks every reduction adds two numbers at most, which commutes exactly, so a
 # restarted run sums as the uninterrupted one did. With more, where a value sits in a bucket decides
@@ -36,18 +36,8 @@ class Digests:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator["Digests"]:
-        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-
-        if not self.on:
+        with step_hooks(self._pre, self._post) if self.on else contextlib.nullcontext():
             yield self
-            return
-        handles = [register_optimizer_step_pre_hook(quietly(self._pre)),
-                   register_optimizer_step_post_hook(quietly(self._post))]
-        try:
-            yield self
-        finally:
-            for h in handles:
-                h.remove()
 
     def _pre(self, optimizer, args, kwargs) -> None:
         self._depth += 1
