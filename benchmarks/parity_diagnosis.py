@@ -4,6 +4,7 @@ loops, bugs caught, and whether the first "likely cause" names the bug.
     nice -n 5 python benchmarks/parity_diagnosis.py                    # all 65 cases, ~1.5-4 min on 2 cores
     python benchmarks/parity_diagnosis.py -k moe_ep --json out.jsonl    # some cases, rows kept
     python benchmarks/parity_diagnosis.py --analyze out.jsonl          # print a saved run again
+    python benchmarks/parity_diagnosis.py --set heldout2               # the second held-out set
 
 Method. ``benchmarks/heldout/`` holds nine trainer families written after public code (each
 module's docstring names it): per family a correct distributed loop ``train``, its correct
@@ -42,8 +43,19 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.diagnosis_report import report  # noqa: E402
-from benchmarks.heldout import FAMILIES  # noqa: E402
-from benchmarks.heldout.rubric import BY_ID, right  # noqa: E402
+
+SETS = ("heldout", "heldout2")
+PACKAGE = "heldout"  # the family set judged; --set picks another before anything reads it
+
+
+def families() -> tuple[str, ...]:
+    """The families of the chosen set."""
+    return importlib.import_module(f"benchmarks.{PACKAGE}").FAMILIES
+
+
+def right(bug_id: str, cause: str | None) -> bool:
+    """The chosen set's rubric."""
+    return importlib.import_module(f"benchmarks.{PACKAGE}.rubric").right(bug_id, cause)
 
 CAUGHT = ("ParityError", "StepCountError")
 
@@ -57,7 +69,7 @@ CASES = json.loads(os.environ["DIAG_CASES"])
 @pytest.mark.parametrize("case", [pytest.param(c, marks=getattr(pytest.mark, "gpu%d" % c["world"]), id=c["name"])
                                   for c in CASES])
 def test_case(dist, case):
-    fam = importlib.import_module("benchmarks.heldout." + case["family"])
+    fam = importlib.import_module("benchmarks." + os.environ["DIAG_PACKAGE"] + "." + case["family"])
     fn = functools.partial(fam.train, bug=case["bug"], variant=case["variant"])
     row = dict(case)
     t0 = time.perf_counter()
@@ -77,8 +89,8 @@ def test_case(dist, case):
 def all_cases() -> list[dict]:
     """Every correct variant at each of its world sizes, then every bug at 2 ranks."""
     cases = []
-    for family in FAMILIES:
-        mod = importlib.import_module(f"benchmarks.heldout.{family}")
+    for family in families():
+        mod = importlib.import_module(f"benchmarks.{PACKAGE}.{family}")
         for variant, worlds in mod.CORRECT.items():
             for w in worlds:
                 cases.append({"name": f"{family}.ok-{variant}-w{w}", "family": family, "bug": None,
@@ -92,7 +104,7 @@ def run(cases: list[dict], out: Path) -> float:
     """Run ``cases`` in one pytest session; rows are appended to ``out``. Returns wall seconds."""
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "test_diagnosis.py").write_text(TEST_FILE)
-        env = dict(os.environ, DIAG_OUT=str(out), DIAG_CASES=json.dumps(cases),
+        env = dict(os.environ, DIAG_OUT=str(out), DIAG_CASES=json.dumps(cases), DIAG_PACKAGE=PACKAGE,
                    OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                    PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         t0 = time.perf_counter()
@@ -152,7 +164,11 @@ def main() -> None:
     parser.add_argument("-k", default="", help="keep the cases whose name contains this (comma: any of)")
     parser.add_argument("--json", type=Path, help="also keep the rows in this JSONL file")
     parser.add_argument("--analyze", type=Path, help="print the report of a saved JSONL file; run nothing")
+    parser.add_argument("--set", choices=SETS, default="heldout", dest="package",
+                        help="the family set: benchmarks/heldout (default) or benchmarks/heldout2")
     args = parser.parse_args()
+    global PACKAGE
+    PACKAGE = args.package
     if args.analyze:
         rows = [json.loads(line) for line in args.analyze.read_text().splitlines() if line.strip()]
         report([judge(r) for r in rows], None)
