@@ -76,6 +76,12 @@ class Net(nn.Module):
         self.out = nn.Linear(D, OUT)
         self.moe = MoE(num_experts, local, build_local_only)
 
+    def forward(self, x: torch.Tensor, t: torch.Tensor, moe_fn) -> torch.Tensor:
+        """The group's loss; ``moe_fn(h)`` runs the MoE layer (expert-parallel or local)."""
+        h = torch.tanh(self.inp(x))
+        m, l_aux = moe_fn(h)
+        return F.mse_loss(self.out(h + m), t) + AUX * l_aux
+
 
 def top2gating(logits: torch.Tensor, capacity: int):
     """DeepSpeed's top2gating without noise: kept assignments as (token, expert, weight) and l_aux."""
@@ -151,12 +157,6 @@ def moe_forward_local(net: Net, h: torch.Tensor):
     return torch.zeros(h.shape[0], D).index_add(0, tok, y * w[:, None]), l_aux
 
 
-def group_loss(net: Net, x: torch.Tensor, t: torch.Tensor, moe_fn) -> torch.Tensor:
-    h = torch.tanh(net.inp(x))
-    m, l_aux = moe_fn(h)
-    return F.mse_loss(net.out(h + m), t) + AUX * l_aux
-
-
 def global_batch(step: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
     return regress_rows(808 + step, TOKENS * world, IN, OUT)
 
@@ -176,7 +176,7 @@ def train(world_size: int, bug: str | None = None, variant: str | None = None) -
     for step in range(STEPS):
         x, t = (block(z, rank(), world_size) for z in global_batch(step, world_size))
         opt.zero_grad()
-        loss = group_loss(net, x, t, lambda h: moe_forward_ep(net, h, world_size, bug))
+        loss = net(x, t, lambda h: moe_forward_ep(net, h, world_size, bug))
         loss.backward()
         for p in dense_params:
             tdist.all_reduce(p.grad)
@@ -198,7 +198,7 @@ def reference(world_size: int) -> None:
     for step in range(STEPS):
         x, t = global_batch(step, world_size)
         opt.zero_grad()
-        losses = [group_loss(net, x.chunk(world_size)[r], t.chunk(world_size)[r], lambda h: moe_forward_local(net, h))
+        losses = [net(x.chunk(world_size)[r], t.chunk(world_size)[r], lambda h: moe_forward_local(net, h))
                   for r in range(world_size)]
         torch.stack(losses).mean().backward()
         opt.step()
