@@ -18,8 +18,8 @@ def brief(hint: str, limit: int = 300) -> str:
     if text.lower().startswith("hint: "):
         text = text[len("hint: "):]
     fix = text.split("Fix: ", 1)[1] if "Fix: " in text else ""
-    what = text.split(": ", 1)[0] if ": " in text[:160] else _sentence(text)
-    line = f"{what}. Fix: {_sentence(fix)}" if fix else text
+    what = text.split(": ", 1)[0] if ": " in text[:160] else sentence(text)
+    line = f"{what}. Fix: {sentence(fix)}" if fix else text
     return line if len(line) <= limit else line[:limit - 3].rstrip() + "..."
 
 
@@ -32,7 +32,7 @@ def cited(hint: str, limit: int = 300) -> str:
     if ": " not in text[:160] or "Fix: " not in text:
         return head
     rest = text.split(": ", 1)[1].split("Fix: ", 1)[0]
-    evidence = _sentence(rest.strip()).strip()
+    evidence = sentence(rest.strip()).strip()
     what, fix = head.split(". Fix: ", 1) if ". Fix: " in head else (head, "")
     room = limit - len(what) - len(fix) - len(" (). Fix: ")
     if not evidence or room < 40 or "(" in what:  # a what that carries its evidence already
@@ -58,7 +58,7 @@ def fit(lines: List[str], budget: int = HEAD_BUDGET) -> List[str]:
     return out
 
 
-def _sentence(text: str) -> str:
+def sentence(text: str) -> str:
     """Up to the end of the first sentence (a period followed by a space and a capital letter, or the end)."""
     m = re.search(r"\.(?=\s+[A-Z(`])", text)
     return (text[:m.start()] if m else text).rstrip(".")

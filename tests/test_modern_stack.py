@@ -43,7 +43,7 @@ def test_fsdp2_clipping_by_local_norms_is_named_from_the_clip_factors(dist, tmp_
         dist.assert_same_training(fn, functools.partial(M.one_device, clip=True), steps=6, record="optimizer")
     text = str(info.value)
     first = text.splitlines()[1]
-    assert first.startswith("likely cause: gradient clipping differs (at step 0 the reference clipped"), text
+    assert first.startswith("likely cause: gradient clipping differs (at step 0 reference_fn clipped"), text
     assert ". Fix: call torch.nn.utils.clip_grad_norm_" in first, text
     assert "optimizer holds other parameters" not in text
     assert "data is not sharded" not in text

@@ -56,8 +56,9 @@ def test_accumulation_without_dividing_the_loss_is_named_though_clipping_hides_i
     lines = str(failure.value).splitlines()
     print("\n".join(lines[:2]))
     assert "(keywords: fn got ddp=True, divide=False; reference_fn got ddp=False)" in lines[0]
-    assert lines[1].startswith("likely cause: gradient accumulation without dividing the loss (gradients before "
-                               "clipping 4x the reference's, 4 backward passes per step)")
+    assert lines[1].startswith("likely cause: gradient accumulation without dividing the loss (at step 0, with the "
+                               "same weights, the ranks' loss is 4x (= the 4 backward passes per step) the reference's)")
+    assert "Fix: backpropagate loss / 4" in lines[1]
     assert "DTensor" not in str(failure.value)
 
 

@@ -30,8 +30,9 @@ def test_correct_public_stack_passes(dist, family, variant):
 
 @world_sizes(2)
 @pytest.mark.parametrize("family, bug, cause", [
-    ("lm_ddp", "lr_rank", "one rank's update differs (the weights before step"),
-    ("zero_ddp", "no_ddp", "gradients are not synchronized between ranks (rank(s) 1 differ from rank 0"),
+    ("lm_ddp", "lr_rank", "one rank's learning rate differs (at step 0 rank 1 stepped with lr"),
+    ("zero_ddp", "no_ddp", "gradients are not synchronized between ranks (at step 0 the gradients the optimizer was "
+                           "given differ between ranks (rank 1 vs rank 0"),
 ])
 def test_replicas_that_differ_are_the_first_cause_by_their_phase(dist, family, bug, cause):
     """Ranks that should hold equal tensors and do not, at the first diverging step: said first, with

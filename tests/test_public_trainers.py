@@ -59,7 +59,7 @@ def _tutorial_case(bug="", **ref):
 
 
 BUGS = {  # bug -> (program, what the message must say)
-    "no DistributedSampler": (_tutorial_case("no_sampler"), "the data is not sharded: at step 0 every one of the"),
+    "no DistributedSampler": (_tutorial_case("no_sampler"), "the data is not sharded (at step 0 every one of the"),
     "set_epoch never called": (_tutorial_case("no_set_epoch"), "the shuffle order repeats across epochs"),
     "optimizer built on a deep copy": (_tutorial_case("deepcopy"), "the optimizer holds other parameters"),
     "dropout in the distributed loop only": (_tutorial_case("dropout"), "active dropout module(s) (2 in fn on the ranks)"),
@@ -77,7 +77,7 @@ BUGS = {  # bug -> (program, what the message must say)
         "the ranks start from different weights"),
     "loss multiplied by the world size (clipped)": (_gpt("loss_times_world"), "the loss is scaled by the world size"),
     "no_sync() left on": (_gpt("no_sync"), "gradients are not synchronized between ranks"),
-    "reference shuffled with another seed": (_gpt(shuffle_seed=1), "the sides saw different batches at step 0"),
+    "reference shuffled with another seed": (_gpt(shuffle_seed=1), "the sides saw different batches (at step 0"),
     "tensor parallel with rank-dependent inputs": (
         lambda w: (functools.partial(P.tp_train, bug="rank_inputs"), P.tp_one_device, (w,), {"record": "optimizer", "steps": 3}),
         "rank-dependent inputs to a tensor-parallel model"),

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import List, Literal, Optional, Tuple
 
-from .hints import diagnose
+from . import message
 from .records import KINDS, Kind, RunFacts, StepRecord, TensorError
 from .judge.tolerance import Tolerance
 
@@ -153,10 +153,10 @@ class ParityReport:
         worst = self.worst_ratio
         if not self.bitwise and math.isfinite(worst):
             head += f"; worst error / line: {worst:.3g}"
-        body = [head, diagnose.summary_table(self)]
+        body = [head, message.summary_table(self)]
         body += [f"note: {n}" for n in self.notes]
         return "\n".join(body)
 
     def failure_message(self) -> str:
         """What ``ParityError`` says: the cause and fix first, then the table and every hint."""
-        return diagnose.failure_message(self)
+        return message.failure_message(self)

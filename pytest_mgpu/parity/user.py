@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from .engine import ParityError, ParityReport, cross_entropy, judge, sgd_momentum
-from .hints.numbers import UserFacts
+from .evidence.facts import UserFacts
 from .batches import call_model, to_float64, tree_to
 from .judge.distance import compare, gap
 from .precision import ieee_float32

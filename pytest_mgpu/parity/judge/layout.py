@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, FrozenSet, List, Optional, Tuple
 
 from ..record.recorder import SideLog, StepLog
 
@@ -29,6 +29,7 @@ class Layout:
     stages: List[List[int]]  # ranks holding the same parameter names, in rank order (one group: no pipeline)
     groups: List[List[int]]  # ranks sharing one batch (tensor/sequence parallel peers); singletons otherwise
     notes: List[str] = field(default_factory=list)
+    shared: FrozenSet[str] = frozenset()  # names every rank holds, where ranks also hold names of their own (experts)
 
     @classmethod
     def of(cls, ranks: List[SideLog]) -> "Layout":
@@ -44,11 +45,20 @@ class Layout:
             peers = sorted({r} | {p for p in side.tp_peers if 0 <= p < len(ranks)} - placed)
             placed.update(peers)
             groups.append(peers)
-        return cls(list(by_names.values()), groups)
+        sets = [set(names) for names in by_names]
+        shared = frozenset(set.intersection(*sets)) if len(sets) > 1 else frozenset()
+        return cls(list(by_names.values()), groups, shared=shared)
 
     @property
     def pipeline(self) -> bool:
-        return len(self.stages) > 1
+        """Ranks hold disjoint parts of the model (pipeline stages)."""
+        return len(self.stages) > 1 and not self.shared
+
+    @property
+    def expert_parallel(self) -> bool:
+        """Ranks share some parameters and hold others of their own (experts): data-parallel replicas
+        for the shared ones, each its own part of the reference for the rest."""
+        return len(self.stages) > 1 and bool(self.shared)
 
     @property
     def tensor_parallel(self) -> bool:
@@ -82,6 +92,9 @@ class Layout:
         if self.pipeline:
             words.append(f"{len(self.stages)} pipeline stages (" + "; ".join(
                 f"ranks {', '.join(map(str, s))}" for s in self.stages) + "), each matched to its part of the model")
+        if self.expert_parallel:
+            words.append(f"expert parallel: every rank holds {len(self.shared)} shared tensor(s), judged as "
+                         "replicas of rank 0's, and its own experts, judged against their part of the model")
         if self.tensor_parallel:
             words.append("tensor/sequence-parallel peers share one batch and one loss (" + "; ".join(
                 "ranks " + ", ".join(map(str, g)) for g in self.groups if len(g) > 1) + ")")

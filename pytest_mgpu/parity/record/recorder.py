@@ -34,13 +34,15 @@ class StepLog:
     lrs: List[float] = field(default_factory=list)  # the optimizer's learning rate per param group
     clips: List[Tuple[float, float, bool]] = field(default_factory=list)  # (total norm, max_norm, of DTensors) per clip
     state: Tuple[int, float] = (0, -1.0)  # the optimizer's state before the step: (tensors with state, step count)
+    hyper: List[Dict[str, float]] = field(default_factory=list)  # per param group: its other numeric options
+    untrained: Dict[str, float] = field(default_factory=dict)  # state no optimizer steps: name -> fingerprint
 
     def __reduce__(self):
         """Crosses back packed: every tensor of a step in one flat buffer per dtype. Measured on the
         minGPT-like trainer, 20 steps: 1,160 small tensors pickled and unpickled in 0.25 s, packed in
         0.02 s (a parity call moves one such record per rank, and one for the reference)."""
         return unpack_step, (self.loss, pack(self.grads), pack(self.params), self.rows, self.backwards, self.lrs,
-                             self.clips, self.state)
+                             self.clips, self.state, self.hyper, self.untrained)
 
 
 def pack(tensors: Dict[str, Any]):
@@ -76,8 +78,10 @@ def unpack(packed) -> Dict[str, Any]:
     return out
 
 
-def unpack_step(loss: float, grads, params, rows, backwards=1, lrs=(), clips=(), state=(0, -1.0)) -> "StepLog":
-    return StepLog(loss, unpack(grads), unpack(params), rows, backwards, list(lrs), list(clips), tuple(state))
+def unpack_step(loss: float, grads, params, rows, backwards=1, lrs=(), clips=(), state=(0, -1.0), hyper=(),
+                untrained=None) -> "StepLog":
+    return StepLog(loss, unpack(grads), unpack(params), rows, backwards, list(lrs), list(clips), tuple(state),
+                   list(hyper), dict(untrained or {}))
 
 
 @dataclass

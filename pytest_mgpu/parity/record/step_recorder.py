@@ -20,7 +20,7 @@ backpropagated since the previous step (``watch.Inputs.loss``): gradient accumul
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ...timing.structure.counter import quiet
 from .mesh import tp_peers
@@ -84,7 +84,9 @@ class StepRecorder:
             self.side.loss_dtype = dtype_name(self.watch.loss.dtype) if self.watch.loss is not None else ""
         seen = self._seen = self.watch.take_inputs()
         self.side.steps.append(StepLog(seen.loss(), grads, params, seen.rows, len(seen.losses), lrs, seen.clips,
-                                       optimizer_state(optimizer)))
+                                       optimizer_state(optimizer), hyperparameters(optimizer),
+                                       untrained_state(prefixed(self.watch.model_roots()), named,
+                                                       list(self.watch.stateful.values()))))
         if self.on_first and len(self.side.steps) == 1:
             self.on_first(self.side)
 
@@ -237,3 +239,48 @@ def optimizer_state(optimizer) -> Tuple[int, float]:
             if count is not None:
                 step = max(step, float(count))
     return held, step
+
+
+def hyperparameters(optimizer) -> List[Dict[str, float]]:
+    """Each param group's numeric options other than its parameters and lr (weight_decay, momentum,
+    betas as beta0/beta1, eps): what an optimizer built otherwise on one side differs in."""
+    out = []
+    for group in optimizer.param_groups:
+        got: Dict[str, float] = {}
+        for key, value in group.items():
+            if key in ("params", "lr", "initial_lr") or isinstance(value, bool):
+                continue
+            if isinstance(value, (int, float)):
+                got[key] = float(value)
+            elif isinstance(value, tuple) and all(isinstance(v, (int, float)) for v in value):
+                got.update({f"{key}{i}": float(v) for i, v in enumerate(value)})
+        out.append(got)
+    return out
+
+
+def untrained_state(roots: List[Tuple[str, Any]], stepped: List[Tuple[str, Any]],
+                    stateful: Sequence[Any] = ()) -> Dict[str, float]:
+    """A fingerprint of each floating tensor of the models run forward that no optimizer steps: the
+    parameters of a model trained otherwise (an EMA teacher) and buffers other than BatchNorm's
+    running statistics (which follow each rank's shard by design). Local tensors only (no collective);
+    DTensors are left out."""
+    import torch
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    ids = {id(p) for _, p in stepped}
+    out: Dict[str, float] = {}
+    tensors: List[Tuple[str, Any]] = []
+    for prefix, root in roots:
+        model = unwrap(root)
+        norms = {id(b) for m in model.modules() if isinstance(m, _BatchNorm) for b in m.buffers(recurse=False)}
+        tensors += [(prefix + n, t) for n, t in model.named_parameters() if id(t) not in ids]
+        tensors += [(prefix + n, t) for n, t in model.named_buffers() if id(t) not in norms]
+    for module in stateful:
+        tensors += [(f"{type(module).__name__}.{n}", t) for n, t in module.named_buffers()]
+    for name, t in tensors:
+        if t.is_floating_point() and not hasattr(t, "to_local") and t.numel():
+            flat = t.detach().reshape(-1).to("cpu", torch.float64)
+            weights = torch.cos(torch.arange(flat.numel(), dtype=torch.float64) * 0.7071 + 0.3) + 1.5
+            out[clean_name(name)] = float(flat @ weights)
+    return out
+

@@ -78,6 +78,7 @@ class Watch:
 
     def __init__(self):
         self.roots: Dict[int, Any] = {}  # id -> outermost module with parameters, first-call order
+        self.stateful: Dict[int, Any] = {}  # id -> module called at the top with buffers and no parameters
         self.loss = None  # the scalar last passed to torch.autograd.backward (detached)
         self.autocast = ""  # the autocast dtype an outermost forward ran under ("" if none)
         self.set_epoch_calls = 0  # DistributedSampler.set_epoch calls (the rows show a repeated order)
@@ -93,6 +94,8 @@ class Watch:
         if self._depth != 1 or torch._C._current_autograd_node() is not None:
             return None  # a submodule, or a recomputation inside backward (activation checkpointing)
         if next(module.parameters(), None) is None:
+            if any(b.is_floating_point() for b in module.buffers()):
+                self.stateful.setdefault(id(module), module)  # a loss module with state (DINO's center)
             return None  # a loss module, a parameter-free wrapper call
         self.roots.setdefault(id(module), module)
         x = _first_tensor(args, kwargs or {})
@@ -153,6 +156,17 @@ class Watch:
                    (torch.nn.utils.clip_grad, "clip_grad_norm_", observed_clip)]
         if clip_with_norm is not None:  # the public two-part API (get_total_norm, then this)
             patches.append((torch.nn.utils, "clip_grads_with_norm_", observed_clip_with_norm))
+        fsdp1 = sys.modules.get("torch.distributed.fsdp.fully_sharded_data_parallel")
+        if fsdp1 is not None:  # FSDP1's own clip_grad_norm_ method (it reduces the norm over its shards)
+            method = fsdp1.FullyShardedDataParallel.clip_grad_norm_
+
+            def observed_fsdp1_clip(module, max_norm, *args, **kwargs):
+                before = len(watch._inputs.clips)
+                total = method(module, max_norm, *args, **kwargs)
+                if len(watch._inputs.clips) == before:  # NO_SHARD calls torch.nn.utils.clip_grad_norm_ itself
+                    watch.saw_clip(total, max_norm)
+                return total
+            patches.append((fsdp1.FullyShardedDataParallel, "clip_grad_norm_", observed_fsdp1_clip))
         saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
         for owner, name, patched in patches:
             setattr(owner, name, patched)

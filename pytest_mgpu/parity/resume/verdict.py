@@ -14,7 +14,8 @@ from typing import List, Tuple
 
 from ...brief import fit
 from ..engine import ParityError, ParityReport, judge
-from ..hints.diagnose import divergence_table, likely_causes, summary_table
+from ..message import divergence_table, summary_table
+from ..evidence.causes import likely_causes
 from ..judge.layout import Layout
 from ..judge.tolerance import Tolerance
 from ..judge.vacuous import nothing_compared

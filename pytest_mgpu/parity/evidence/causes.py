@@ -1,0 +1,228 @@
+"""The table of causes, read from the evidence: localise the first phase that differs (the earliest
+finding of the phase modules, by step, then by the order a step runs), then name the cause that
+evidence points to. A cause is said as ``<what> (<evidence>). Fix: <fix>``; what no evidence points
+to (a BatchNorm in the model, dropout) is said after it, as "possible"."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Final, List, Optional, Tuple
+
+from . import gradients, inputs, loss, state, update
+from .facts import UserFacts
+from .finding import Finding, Report
+from .possible import possible_causes
+
+Test = Callable[[Finding, UserFacts], bool]
+
+
+def _near(k: float, target: float) -> bool:
+    return target > 0 and math.isfinite(k) and abs(k / target - 1) < 0.02
+
+
+def world(x: Finding, f: UserFacts) -> bool:
+    return f.world_size > 1 and _near(x.value, f.world_size)
+
+
+def inverse(x: Finding, f: UserFacts) -> bool:
+    return f.world_size > 1 and _near(x.value, 1 / f.world_size)
+
+
+def passes(x: Finding, f: UserFacts) -> bool:
+    return f.rank_backwards > 1 and _near(x.value, f.rank_backwards)
+
+
+def local_batch(x: Finding, f: UserFacts) -> bool:
+    rows = len(f.rank_rows[0][0]) if f.rank_rows and f.rank_rows[0] and f.rank_rows[0][0] else 0
+    return rows > 1 and _near(x.value, rows)
+
+
+def below(x: Finding, f: UserFacts) -> bool:
+    return math.isfinite(x.value) and x.value < 1
+
+
+def always(x: Finding, f: UserFacts) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Cause:
+    """What a signal means where ``when`` holds: ``what`` the cause is, its ``fix``, and ``why``
+    (how the cause makes that evidence: said in the list of causes, after the fix)."""
+
+    signal: str
+    what: str
+    fix: str
+    why: str = ""
+    when: Test = always
+
+
+SHARD = ("give the DataLoader sampler=DistributedSampler(dataset) (and call sampler.set_epoch(epoch) every epoch), "
+         "so that each rank gets its own shard")
+SAME_OPT = "build the optimizer and scheduler alike on every rank and step them on every rank"
+ACCUM = "backpropagate loss / k for each of the k micro-batches accumulated per step"
+ACCUM_WHY = "Each micro-batch's loss is backpropagated undivided, so the step's gradient is the sum of k means."
+SAME_LR = ("give both sides the same learning rate; DDP and FSDP average the gradients, so the one-device loop on the "
+           "global batch takes the same lr")
+CLIP = "gradient clipping differs"
+TABLE: Final[Tuple[Cause, ...]] = (
+    Cause("nonfinite", "non-finite weights at step 0", "initialise every parameter after to_empty() (model.apply(init) "
+          "over all submodules)", "Memory never initialised: a model built on the meta device whose init does not "
+          "reset every module, or a checkpoint holding NaN."),
+    Cause("start-apart", "the ranks start from different weights", "seed every rank alike before building the model, "
+          "or broadcast rank 0's parameters (DDP's constructor does; FSDP1: sync_module_states=True)",
+          "The model is initialised per rank (a seed that depends on the rank) and never broadcast."),
+    Cause("start-other", "fn and reference_fn start from different weights", "seed both sides alike right before "
+          "building the model, or load one state_dict into both"),
+    Cause("lr-rank", "one rank's learning rate differs", SAME_OPT),
+    Cause("lr-factor", "the learning rate differs", SAME_LR, "The lr is scaled (by the world size or the global "
+          "batch) on one side."),
+    Cause("lr-faster", "the learning rate differs", "call scheduler.step() right after optimizer.step(), once per step",
+          "The scheduler is stepped per micro-batch (several times per optimizer step)."),
+    Cause("lr-schedule", "the learning rate differs", "step and restore the scheduler alike on both sides",
+          "A scheduler stepped at another rate or point, created with other arguments, restarted, or not restored "
+          "with a checkpoint (its state_dict saved and loaded beside the optimizer's)."),
+    Cause("hyper", "the optimizer's hyperparameters differ", "build the optimizer with the same arguments and "
+          "parameter groups on every rank and in the reference"),
+    Cause("optimizer-state", "the optimizer's state differs", "save and load the optimizer's state with the model's "
+          "(optimizer.state_dict(), or DCP get_optimizer_state_dict/set_optimizer_state_dict)",
+          "An optimizer built anew and not restored starts with no state (Adam's moments zero, step counters "
+          "restarted)."),
+    Cause("untrained-rank", "state no optimizer steps differs between ranks (an EMA teacher or buffers updated on "
+          "some ranks only, or from each rank's own weights)", "update the EMA/teacher on every rank, after the "
+          "optimizer step, from the synchronised weights"),
+    Cause("untrained-other", "state no optimizer steps (an EMA teacher, buffers) is updated otherwise than in the "
+          "reference", "update it as the reference does: the same momentum, once per optimizer step, after it"),
+    Cause("rows-same", "the data is not sharded", SHARD, "Every rank trains on the same samples."),
+    Cause("rows-tp-same", "every tensor-parallel peer fed the same rows", "feed each rank its shard of the rows, or "
+          "give the plan Replicate() input layouts and the whole batch on every rank"),
+    Cause("rows-tp-differ", "rank-dependent inputs to a tensor-parallel model", "give every rank of a tensor-parallel "
+          "group the same batch (shard the data over the data-parallel dimension only, the same seed)"),
+    Cause("rows-size", "the sides train on batches of another size", "give the one-device loop the ranks' batches "
+          "together (batch_size x the data-parallel ranks), or each rank batch_size // world_size"),
+    Cause("rows-missing", "the sides saw different batches", "draw the reference's batch as the ranks' shards "
+          "together (the same sampler seed, shuffle and set_epoch; no rank-dependent data seed)",
+          "The ranks' samplers or seeds draw other rows than the reference's."),
+    Cause("rows-unequal", "unequal shards", "an even split (drop_last=True, or a batch divisible by the world size)",
+          "DDP and FSDP average the ranks' gradients with equal weight."),
+    Cause("epoch-repeat", "the shuffle order repeats across epochs", "call sampler.set_epoch(epoch) at the start of "
+          "every epoch, on every side", "A DistributedSampler shuffles with seed + epoch."),
+    Cause("data-restart", "data repeated", "restore the epoch and the position in it with the checkpoint",
+          "The data iterator started over instead of resuming."),
+    Cause("loss-factor", "gradient accumulation without dividing the loss", ACCUM, ACCUM_WHY, passes),
+    Cause("loss-factor", "the loss is scaled by the world size", "backpropagate the plain mean loss",
+          "The loss is multiplied by the world size before backward; DDP already averages the gradients.", world),
+    Cause("loss-factor", "the loss is divided by the world size before backward", "backpropagate the plain mean loss",
+          "DDP already averages the gradients.", inverse),
+    Cause("output-order", "the output rows are the reference's in another order", "append each micro-batch's output "
+          "in input order and torch.cat once"),
+    Cause("loss-other", "loss reduction='sum' on the ranks", "use reduction='mean' as the reference does",
+          "The loss is each rank's sum over its rows, not their mean.", local_batch),
+    Cause("loss-other", "BatchNorm without SyncBatchNorm", "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) "
+          "before wrapping it in DDP", "Each rank normalises its shard with its own statistics.",
+          lambda x, f: bool(f.rank_batchnorm or f.batchnorm)),
+    Cause("loss-other", "Dropout or other randomness", "put the model in eval() or set p=0 for the parity check",
+          "The ranks draw other masks than the reference.", lambda x, f: bool(f.dropout)),
+    Cause("loss-other", "the loss is computed otherwise on the ranks", "compute the loss as the reference does (the "
+          "same loss function, targets, reduction and forward)"),
+    Cause("clip-one-side", CLIP, "call torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) on both sides",
+          "One side clips by hand (with a norm of its local shards) or not at all."),
+    Cause("clip-ranks", CLIP, "clip on every rank, with the norm of the whole model's gradients (clip_grad_norm_ on "
+          "DTensor parameters reduces it over the mesh)", "Clipped on some ranks only, or with each rank's own norm."),
+    Cause("clip-norm", "gradient accumulation without dividing the loss", ACCUM, ACCUM_WHY, passes),
+    Cause("clip-norm", CLIP, "backpropagate the mean loss, and let DDP/FSDP average (or divide an all_reduce SUM by "
+          "the world size)", "The loss is scaled by the world size, or gradients summed instead of averaged.", world),
+    Cause("clip-norm", CLIP, "all_reduce the squared local norms before clipping, or clip the whole model's "
+          "gradients (clip_grad_norm_ on DTensor parameters reduces the norm over the mesh)",
+          "The norm is computed over each rank's local shards or part of the parameters only.", below),
+    Cause("grads-carried", "gradients not zeroed between steps", "call optimizer.zero_grad() once per optimizer step, "
+          "after optimizer.step() (with accumulation: after the step, not after each micro-batch)"),
+    Cause("grads-tp-unreduced", "gradients not reduced across the tensor-parallel group", "put the module in "
+          "parallelize_module's plan so its weight becomes a Replicate DTensor whose gradient is reduced, or "
+          "all_reduce that gradient over the tp mesh's group before optimizer.step()"),
+    Cause("grads-unsynced", "gradients of some modules are not synchronized between ranks", "all_reduce those "
+          "modules' gradients too (and divide by the world size)", "They are left out of the gradient all-reduce.",
+          lambda x, f: x.how == "some modules"),
+    Cause("grads-unsynced", "gradients are not synchronized between ranks", "all_reduce every gradient and divide by "
+          "the world size (or train through DDP's wrapper, not its .module), and use no_sync() only on "
+          "accumulation steps", "Each rank steps with its own shard's gradients."),
+    Cause("grads-factor", "gradient accumulation without dividing the loss", ACCUM, ACCUM_WHY, passes),
+    Cause("grads-factor", "gradients scaled by the world size", "divide the all-reduced gradients by the world size "
+          "(or ReduceOp.AVG)", "They are summed over ranks and not divided (an all_reduce SUM or a communication "
+          "hook without / world_size).", world),
+    Cause("grads-factor", "gradients divided by the world size once too often", "divide once",
+          "An averaged all_reduce (or DDP's average) is divided again.", inverse),
+    Cause("grads-factor", "gradients scaled by a constant", "use reduction='mean' as the reference does, or scale "
+          "both sides alike", "A loss with reduction='sum', or a gradient scaled by hand."),
+    Cause("grads-modules", "gradients of some modules are reduced otherwise", "reduce those modules' gradients as "
+          "the others' (divide a SUM by the ranks that share them)", "Expert or shared parameters summed or "
+          "divided by another factor.", lambda x, f: x.value != 1.0),
+    Cause("grads-modules", "some modules get no gradient or another one", "keep those modules in the graph as the "
+          "reference does (no detach/no_grad, the same requires_grad)", "A detached branch, frozen parameters, a "
+          "module skipped or computed otherwise on the ranks."),
+    Cause("grads-precision", "gradients differ at the level of a lower precision", "judge with that precision "
+          "(rtol= of its eps), or reduce in float32", "The ranks reduce or compute them in it."),
+    Cause("grads-other", "the gradients differ with the same weights", "make the backward the reference's",
+          "A detached part, a hook that changes gradients, another reduction."),
+    Cause("stage-cut", "a stage gets no gradient", "pass the activation on with .to(device), which autograd follows "
+          "(no .detach(), .data or no_grad on the way)", "The graph is cut between stages."),
+    Cause("stage-part", "a stage gets part of its gradient", "keep every micro-batch's activation in the graph",
+          "Some micro-batches do not backpropagate into it."),
+    Cause("update-rank", "one rank's update differs", SAME_OPT, "A learning rate, scheduler or optimizer state that "
+          "depends on the rank, or a step or clipping taken on some ranks only."),
+    Cause("update-other", "the optimizer steps otherwise than the reference's", "build the same optimizer with the "
+          "same arguments on both sides", "Another optimizer, weight decay, momentum, betas or eps, or the weights "
+          "changed outside the optimizer."),
+    Cause("update-foreign", "the optimizer holds other parameters", "build the optimizer from the parameters of the "
+          "model you run", "It was built on another copy of the model (copy.deepcopy before wrapping, a model "
+          "rebuilt after the optimizer)."),
+    Cause("update-frozen", "parameters that never change", "build the optimizer from the model's parameters with a "
+          "nonzero lr", "The optimizer holds other parameters than the model's, or its lr is 0."),
+)
+# Evidence that only passes a difference on (clipping of gradients that already differ): a lead only
+# where nothing else was found.
+PASSES_ON: Final = ("clip-passes-on",)
+NO_CAUSE: Final = ("no known cause detected: look for rank-dependent code, non-deterministic kernels, or state kept "
+                   "between steps; rerun with steps=1 to see if the first step already diverges.")
+
+
+def cause_of(x: Finding, f: UserFacts) -> Optional[Cause]:
+    return next((c for c in TABLE if c.signal == x.signal and c.when(x, f)), None)
+
+
+def said(x: Finding, f: UserFacts) -> str:
+    """``<what> (<evidence>). Fix: <fix>. <why>``; the evidence alone where no cause reads it."""
+    cause = cause_of(x, f)
+    if cause is None:
+        return x.evidence
+    k = str(f.rank_backwards)
+    fix = cause.fix.replace("loss / k", f"loss / {k}").replace("the k micro", f"the {k} micro")
+    why = cause.why.replace("k means", f"{k} means")
+    what = cause.what + (f" ({x.names[0]})" if x.signal in ("hyper", "grads-precision") and x.names else "")
+    return " ".join(p for p in (f"{what} ({x.evidence}). Fix: {fix}.", why, x.detail) if p)
+
+
+def localise(report: Report) -> List[Finding]:
+    """Every finding of the phase modules, earliest first (by step, then phase)."""
+    f = report.facts
+    if not isinstance(f, UserFacts):
+        return []
+    found = state.findings(report, f) + inputs.findings(f) + loss.findings(report, f) + \
+        gradients.findings(report, f) + update.findings(report, f)
+    first = report.first_divergence
+    if first is not None:
+        found = [x for x in found if x.step <= first]
+    found.sort(key=lambda x: (x.signal in PASSES_ON or cause_of(x, f) is None, x.order))
+    return found
+
+
+def likely_causes(report: Report) -> List[str]:
+    """The lead cause from the first phase that differs, the other findings after it, then what is
+    possible without evidence; ``[NO_CAUSE]`` where nothing is."""
+    f = report.facts
+    if not isinstance(f, UserFacts):
+        return possible_causes(report) or [NO_CAUSE]
+    found = localise(report)
+    lines = list(dict.fromkeys(said(x, f) for x in found))
+    maybe = [f"possible: {h}" for h in possible_causes(report) if h]
+    return (lines + maybe) or [NO_CAUSE]

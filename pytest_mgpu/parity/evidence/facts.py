@@ -1,0 +1,54 @@
+"""What the sides' records hold beyond the per-tensor errors, gathered once in the test process:
+the evidence the phase modules read (rows, losses, learning rates, optimizer state, clipping, what
+each loop was seen doing)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from ..records import RunFacts
+
+REFERENCE = "reference_fn"
+
+
+@dataclass
+class UserFacts(RunFacts):
+    """What the user's own code showed, beyond ``RunFacts``."""
+
+    rank_losses: List[List[float]] = field(default_factory=list)  # per step, per rank
+    rank_batchnorm: List[str] = field(default_factory=list)  # BatchNorm in training mode on the ranks
+    stage_of: Dict[str, str] = field(default_factory=dict)  # reference parameter name -> user stage
+    output_order: Optional[List[int]] = None  # user output row i is reference row output_order[i]
+    # The user's training loops (assert_same_training):
+    rank_rows: List[List[List[float]]] = field(default_factory=list)  # per step, per rank: input rows
+    ref_rows: List[List[float]] = field(default_factory=list)  # per step: the reference's input rows
+    ref_losses: List[float] = field(default_factory=list)  # per step: the reference's loss
+    tensor_parallel: bool = False  # DTensor parameters that are not FSDP's: ranks must see the same rows
+    foreign: Dict[str, List[str]] = field(default_factory=dict)  # side -> stepped params of no model run
+    unstepped: Dict[str, List[str]] = field(default_factory=dict)  # side -> model params no optimizer steps
+    set_epoch_calls: Dict[str, int] = field(default_factory=dict)  # side -> DistributedSampler.set_epoch calls
+    sampler_passes: Dict[str, int] = field(default_factory=dict)  # side -> passes over a DistributedSampler
+    frozen: Dict[str, int] = field(default_factory=dict)  # side -> steps its parameters never moved in
+    loop_notes: List[str] = field(default_factory=list)  # how the steps were recorded and the ranks judged
+    data_groups: List[List[int]] = field(default_factory=list)  # ranks sharing one batch (TP/SP peers)
+    rank_lrs: List[List[List[float]]] = field(default_factory=list)  # per step, per rank: learning rates
+    ref_lrs: List[List[float]] = field(default_factory=list)  # per step: the reference's
+    rank_hyper: List[List[List[Dict[str, float]]]] = field(default_factory=list)  # per step, per rank, per group
+    ref_hyper: List[List[Dict[str, float]]] = field(default_factory=list)  # per step, per group
+    rank_clips: List[List[List[float]]] = field(default_factory=list)  # per step, per rank: clip factors
+    ref_clips: List[List[float]] = field(default_factory=list)  # per step: the reference's clip factors
+    rank_clip_norms: List[List[float]] = field(default_factory=list)  # per step: rank 0's total norms clipped
+    ref_clip_norms: List[List[float]] = field(default_factory=list)  # per step: the reference's
+    shards_apart: List[int] = field(default_factory=list)  # ranks whose dim-0 shard of the step-0 weights alone differs
+    rank_first_norms: List[List[float]] = field(default_factory=list)  # per step, per rank: first norm clipped (NaN: none)
+    clips_dtensors: bool = False  # the ranks' parameters (or the norms they clipped) are DTensors
+    nonfinite: Dict[str, List[str]] = field(default_factory=dict)  # side -> parameters not finite at step 0
+    rank_states: List[List[tuple]] = field(default_factory=list)  # per step, per rank: (held, step count)
+    ref_states: List[tuple] = field(default_factory=list)  # per step: the reference's
+    rank_backwards: int = 1  # scalars rank 0 backpropagated at step 0 (> 1: gradient accumulation)
+    tp_inputs_differ: bool = False  # tensor-parallel peers fed rows that are not one batch (rank-dependent)
+    carried: str = ""  # "<side> at step <s>": gradients that kept the previous step's (no zero_grad)
+    reduce_dtype: str = ""  # the precision the ranks reduce gradients in, where below the parameters'
+    reduced_by: str = ""  # what reduces them so
+    untrained: List[List[Dict[str, float]]] = field(default_factory=list)  # per step, per rank: state no optimizer steps
+    ref_untrained: List[Dict[str, float]] = field(default_factory=list)  # per step: the reference's

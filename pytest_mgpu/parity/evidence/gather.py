@@ -1,0 +1,87 @@
+"""The evidence of the user's own loops gathered from the sides' records (test process), into
+``UserFacts``: what the phase modules read besides the per-tensor errors."""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List
+
+from ..judge.layout import Layout
+from ..judge.vacuous import never_moved, zero_grads
+from ..record.recorder import SideLog
+from .facts import REFERENCE, UserFacts
+from .gradients import carried_over
+from .inputs import tp_rows_differ
+
+
+def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Layout) -> None:
+    """Fill the loop evidence of ``facts`` from the sides' records (test process)."""
+    steps = len(ref.steps)
+    facts.ref_rows = [s.rows for s in ref.steps]
+    facts.ref_losses = [s.loss for s in ref.steps]
+    # a pipeline's later stages take activations, not the batch: the rows are the first stage's
+    first = layout.stages[0] if layout.pipeline else list(range(len(ranks)))
+    facts.rank_rows = [[ranks[r].steps[i].rows for r in first] for i in range(steps)]
+    facts.data_groups = [[first.index(r) for r in g if r in first] for g in layout.groups if set(g) & set(first)]
+    facts.tensor_parallel = layout.tensor_parallel or any(side.tensor_parallel for side in ranks)
+    facts.dropout = [f"{n} in {REFERENCE}" for n in ref.dropout] + \
+        [f"{n} in fn on the ranks" for n in dict.fromkeys(n for side in ranks for n in side.dropout)]
+    facts.rank_batchnorm = [] if facts.tensor_parallel else list(ranks[0].batchnorm)
+    facts.tp_inputs_differ = facts.tensor_parallel and tp_rows_differ(facts)
+    facts.rank_lrs = [[side.steps[i].lrs for side in ranks] for i in range(steps)]
+    facts.ref_lrs = [s.lrs for s in ref.steps]
+    facts.rank_hyper = [[side.steps[i].hyper for side in ranks] for i in range(steps)]
+    facts.ref_hyper = [s.hyper for s in ref.steps]
+    facts.rank_states = [[side.steps[i].state for side in ranks] for i in range(steps)]
+    facts.ref_states = [s.state for s in ref.steps]
+    facts.untrained = [[side.steps[i].untrained for side in ranks] for i in range(steps)]
+    facts.ref_untrained = [s.untrained for s in ref.steps]
+    facts.carried = carried_over(ranks[0], ref) if ranks else ""
+    facts.rank_backwards = ranks[0].steps[0].backwards if ranks and ranks[0].steps else 1
+    facts.rank_clips = [[_factors(side.steps[i]) for side in ranks] for i in range(steps)]
+    facts.ref_clips = [_factors(s) for s in ref.steps]
+    facts.rank_clip_norms = [[c[0] for c in s.steps[i].clips] for s in ranks[:1] for i in range(steps)]
+    facts.ref_clip_norms = [[c[0] for c in s.clips] for s in ref.steps]
+    facts.rank_first_norms = [[side.steps[i].clips[0][0] if side.steps[i].clips else math.nan for side in ranks]
+                              for i in range(steps)]
+    facts.clips_dtensors = any(side.dtensors for side in ranks) or any(
+        len(c) > 2 and c[2] for side in ranks for s in side.steps for c in s.clips)
+    facts.shards_apart = shards_apart(ranks[0].steps[0].params, ref.steps[0].params, len(ranks)) \
+        if ranks and ranks[0].steps and ref.steps else []
+    lossy = next((s for s in ranks if s.reduce_dtype), None)
+    if lossy is not None:
+        facts.reduce_dtype, facts.reduced_by = lossy.reduce_dtype, lossy.reduced_by
+    for who, side in [(REFERENCE, ref)] + [(f"fn on rank {r}", s) for r, s in enumerate(ranks)]:
+        if side.foreign:
+            facts.foreign[who], facts.unstepped[who] = list(side.foreign), list(side.unstepped)
+        facts.set_epoch_calls[who] = side.set_epoch_calls
+        facts.sampler_passes[who] = side.sampler_passes
+        if never_moved(side) and not zero_grads(side):
+            facts.frozen[who] = len(side.steps)
+        bad = [n for n, t in (side.steps[0].params.items() if side.steps else ())
+               if t is not None and t.is_floating_point() and not bool(t.isfinite().all())]
+        if bad and not (who != REFERENCE and any(w != REFERENCE for w in facts.nonfinite)):
+            facts.nonfinite[who] = bad  # the reference, and the first rank that has some
+
+
+def _factors(step) -> List[float]:
+    """The factor each gradient clipping of a step scaled the gradients by (1: under max_norm)."""
+    return [min(1.0, m / (n + 1e-6)) if math.isfinite(n) else math.nan for n, m, *_ in step.clips]
+
+
+def shards_apart(mine: Dict[str, Any], ref: Dict[str, Any], world: int) -> List[int]:
+    """The ranks whose dim-0 block of every differing weight is what differs from the reference's, where
+    rank 0's blocks all agree: each rank initialised its own shard (FSDP, DTensor) apart. [] otherwise."""
+    import torch
+
+    apart: set = set()
+    for name, t in mine.items():
+        want = ref.get(name)
+        if t is None or want is None or t.shape != want.shape or t.dim() == 0 or t.shape[0] < world or torch.equal(t, want):
+            continue
+        blocks = [not torch.allclose(a.double(), b.double(), rtol=1e-5, atol=1e-7)
+                  for a, b in zip(t.chunk(world), want.chunk(world))]
+        if blocks[0] or not any(blocks):
+            return []
+        apart.update(r for r, differs in enumerate(blocks) if differs)
+    return sorted(apart)
+

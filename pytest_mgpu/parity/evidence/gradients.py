@@ -1,0 +1,225 @@
+"""Phases 4 and 5, the gradients: before clipping (the total norms each side's
+``clip_grad_norm_`` saw, what backward and the synchronisation left) and as the optimizer was given
+them. Between ranks that should agree (replicas not synchronised, or only some modules), against
+the reference (one factor for every tensor, one for some modules only, the level a lower precision
+rounds at), a step's gradients holding the previous step's (no ``zero_grad``), and a clipping that
+scales by another factor."""
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Dict, List, Optional
+
+from ..judge.tolerance import EPS
+from ..record.recorder import SideLog
+from ..records import TensorError
+from .facts import REFERENCE, UserFacts
+from .finding import Finding, Report, common_factor, factor_words, listed, modules_of, over, plain_name, replica_of
+
+SAME_CLIP = 1e-2  # relative: a clip factor from the same norm, up to the sides' roundoff
+
+
+def findings(report: Report, f: UserFacts) -> List[Finding]:
+    out = [_carried(f), _clipping(report, f), _replicas(report, f), _against_reference(report, f)] + _stages(report, f)
+    return [x for x in out if x is not None]
+
+
+# -- between ranks --------------------------------------------------------------------------------
+def _replicas(report: Report, f: UserFacts) -> Optional[Finding]:
+    """The first step whose gradients differ between ranks that should hold the same ones."""
+    if f.tp_inputs_differ:
+        return None  # tensor parallel with rank-dependent inputs: the rows are the evidence
+    for step in range(len(report.records)):
+        bad = over(report, step, "grad", replicas=True)
+        if not bad:
+            continue
+        ranks = sorted({r for e in bad if (r := replica_of(e)) is not None})
+        names = [plain_name(e) for e in bad]
+        every = {plain_name(e) for e in report.records[step].errors if e.kind == "grad" and replica_of(e) is not None}
+        worst = max(bad, key=lambda e: e.rel)
+        some = len(set(names)) < len(every)
+        where = (f"at step {step} the gradients the optimizer was given differ between ranks (rank "
+                 f"{', '.join(map(str, ranks))} vs rank 0: {len(set(names))} of {len(every)} tensor(s)"
+                 + (f", only in {listed(modules_of(names))}" if some else "") +
+                 f", e.g. {plain_name(worst)} {worst.rel:.3g} rel)")
+        signal = "grads-tp-unreduced" if f.tensor_parallel else "grads-unsynced"
+        return Finding(step, "gradients", "some modules" if some else "one rank alone", signal, where,
+                       names=tuple(modules_of(names)) if some else tuple(map(str, ranks)))
+    return None
+
+
+# -- against the reference ------------------------------------------------------------------------
+def _against_reference(report: Report, f: UserFacts) -> Optional[Finding]:
+    """The first step whose gradients differ from the reference's, while its weights did not: by one
+    factor, in some modules only, or at the level of a lower precision."""
+    for step in range(len(report.records)):
+        if over(report, step, "param"):
+            return None  # the weights differ first: the state or an update explains the gradients
+        bad = over(report, step, "grad", replicas=False)
+        if not bad:
+            continue
+        errs = [e for e in report.records[step].errors if e.kind == "grad" and replica_of(e) is None
+                and not e.missing and e.norm_ref > 0 and math.isfinite(e.norm_ratio)]
+        k = common_factor([e.norm_ratio for e in errs])
+        w, b = f.world_size, f.rank_backwards
+        if k != 1.0:
+            return Finding(step, "gradients", "a uniform factor", "grads-factor",
+                           f"at step {step}, with the same weights, every gradient is {factor_words(k, w, b)} the "
+                           f"reference's, in all {len(errs)} tensors", value=k)
+        return _partial(step, bad, errs, f)
+    return None
+
+
+def _partial(step: int, bad: List[TensorError], errs: List[TensorError], f: UserFacts) -> Finding:
+    """Some modules' gradients differ (with their own factor where they share one), or every one at
+    the level a lower precision rounds at."""
+    names = [e.name for e in bad]
+    mods = modules_of(names)
+    all_mods = modules_of([e.name for e in errs])
+    ratios = [e.norm_ratio for e in bad if e.norm_ref > 0 and math.isfinite(e.norm_ratio) and not e.missing]
+    k = common_factor(ratios) if len(ratios) > 1 else (ratios[0] if ratios and abs(ratios[0] - 1) > 0.05 else 1.0)
+    worst = max(bad, key=lambda e: e.rel)
+    level = _precision(bad, f)
+    if level:
+        return Finding(step, "gradients", "all tensors", "grads-precision",
+                       f"at step {step} the gradients differ from the reference's at the {level} level "
+                       f"({worst.rel:.2g} rel at most, {level}'s eps {EPS[level]:.2g})", names=(level,))
+    if len(mods) < len(all_mods):
+        by = f", all by {factor_words(k, f.world_size, f.rank_backwards)}" if k != 1.0 else ""
+        missing = [e.name for e in bad if e.missing]
+        return Finding(step, "gradients", "some modules", "grads-modules",
+                       f"at step {step}, with the same weights, only the gradients of {listed(mods)} differ from the "
+                       f"reference's ({len(bad)} of {len(errs)} tensors{by}; e.g. {worst.name} {worst.rel:.3g} rel"
+                       + (f"; no gradient for {listed(missing)}" if missing else "") + ")",
+                       value=k, names=tuple(mods))
+    return Finding(step, "gradients", "all tensors", "grads-other",
+                   f"at step {step}, with the same weights, the gradients differ from the reference's ({len(bad)} of "
+                   f"{len(errs)} tensors, e.g. {worst.name} {worst.rel:.3g} rel)")
+
+
+def _precision(bad: List[TensorError], f: UserFacts) -> str:
+    """The lower precision every differing gradient sits at (relative error between 1/64 and 4 of
+    its eps), where the ranks reduce or compute in one; "" otherwise."""
+    level = f.reduce_dtype or (f.dtype if f.dtype in ("bfloat16", "float16") else "")
+    if not level or level not in EPS:
+        return ""
+    eps = EPS[level]
+    return level if all(eps / 64 <= e.rel <= 4 * eps for e in bad) else ""
+
+
+# -- zero_grad ------------------------------------------------------------------------------------
+def carried_over(rank: SideLog, ref: SideLog) -> str:
+    """The first side and step whose gradients are the other side's plus its own previous step's:
+    gradients never zeroed between steps ("" where none)."""
+    import torch
+
+    def flat(grads) -> "torch.Tensor":
+        ts = [g.double().reshape(-1) for _, g in sorted(grads.items()) if g is not None]
+        return torch.cat(ts) if ts else torch.zeros(0, dtype=torch.float64)
+
+    for step in range(1, min(len(rank.steps), len(ref.steps))):
+        mine, theirs = flat(rank.steps[step].grads), flat(ref.steps[step].grads)
+        if mine.shape != theirs.shape or mine.numel() == 0 or not bool(torch.isfinite(torch.cat([mine, theirs])).all()):
+            return ""
+        gap = float((mine - theirs).norm())
+        if gap <= 1e-3 * float(theirs.norm()):
+            continue
+        for who, side, now, other in (("fn on the ranks", rank, mine, theirs), (REFERENCE, ref, theirs, mine)):
+            before = flat(side.steps[step - 1].grads)
+            if before.shape == now.shape and _sum_of(now, before, other, gap):
+                return f"{who} at step {step}"
+        return ""
+    return ""
+
+
+def _sum_of(now, before, other, gap: float) -> bool:
+    """``now`` = a * ``before`` + b * ``other`` with a > 0, to 5% of the sides' gap."""
+    import torch
+
+    basis = torch.stack([before, other], dim=1)
+    coef = torch.linalg.lstsq(basis, now.unsqueeze(1)).solution.squeeze(1)
+    rest = float((now - basis @ coef).norm())
+    return float(coef[0]) > 0.05 and rest < 0.05 * gap
+
+
+def _carried(f: UserFacts) -> Optional[Finding]:
+    if not f.carried:
+        return None
+    who, step = f.carried.rsplit(" at step ", 1)
+    return Finding(int(step), "gradients", "all tensors", "grads-carried",
+                   f"at step {step} the gradients of {who} are the other side's plus its own of step {int(step) - 1}")
+
+
+# -- clipping -------------------------------------------------------------------------------------
+def _clipping(report: Report, f: UserFacts) -> Optional[Finding]:
+    """The first step at which the sides' gradient clipping scaled by other factors and the
+    gradients the optimizer was given differ; ranks whose norms before clipping already differ were
+    not synchronised before it (``_replicas`` says so), not clipped apart."""
+    for step, (ranks, ref) in enumerate(zip(f.rank_clips, f.ref_clips)):
+        moved = bool(over(report, step, "grad"))
+        mine = ranks[0] if ranks else []
+        if bool(mine) != bool(ref):
+            one = mine or ref
+            if moved and one and math.isfinite(one[0]) and one[0] < 1:
+                who, other = ("fn on the ranks", REFERENCE) if mine else (REFERENCE, "fn on the ranks")
+                return Finding(step, "gradients", "a value", "clip-one-side",
+                               f"at step {step} {who} clipped its gradients by a factor of {one[0]:.4g} "
+                               f"(clip_grad_norm_), and no clipping call was seen in {other}")
+            continue
+        if not mine or not (math.isfinite(mine[0]) and math.isfinite(ref[0])):
+            continue
+        per_rank = [r[0] if r else 1.0 for r in ranks]  # a rank that did not clip scaled by 1
+        off = any(abs(a - per_rank[0]) > SAME_CLIP * max(a, per_rank[0]) for a in per_rank)
+        norms = f.rank_first_norms[step] if step < len(f.rank_first_norms) else []
+        unsynced = all(math.isfinite(n) for n in norms) and any(abs(n - norms[0]) > 1e-6 * abs(norms[0]) for n in norms) \
+            and bool(over(report, step, "grad", replicas=True))  # sharded ranks clip norms of their own shards
+        if off and (unsynced or not moved):
+            continue
+        if not off and abs(mine[0] - ref[0]) <= SAME_CLIP * max(mine[0], ref[0]):
+            continue
+        return _clip_finding(f, step, per_rank, ref[0], off)
+    return None
+
+
+def _clip_finding(f: UserFacts, step: int, per_rank: List[float], ref: float, off: bool) -> Finding:
+    norms = f.rank_clip_norms[step] if step < len(f.rank_clip_norms) else []
+    ref_norms = f.ref_clip_norms[step] if step < len(f.ref_clip_norms) else []
+    head = (f"at step {step} the reference clipped its gradients by a factor of {ref:.4g}, the ranks by "
+            f"{', '.join(f'{x:.4g}' for x in per_rank)} (rank 0 first)")
+    if off:
+        return Finding(step, "gradients", "one rank alone", "clip-ranks", head + ": the ranks clipped by different factors")
+    ratio = norms[0] / ref_norms[0] if norms and ref_norms and ref_norms[0] > 0 and math.isfinite(norms[0]) else math.nan
+    if not math.isfinite(ratio):
+        return Finding(step, "gradients", "a value", "clip-passes-on", head)
+    return Finding(step, "gradients", "a uniform factor", "clip-norm",
+                   head + f"; total norms before clipping {norms[0]:.4g} on rank 0 against {ref_norms[0]:.4g}: "
+                   f"{factor_words(ratio, f.world_size, f.rank_backwards)}", value=ratio)
+
+
+# -- pipeline stages (assert_parity of the user's own module) -------------------------------------
+def _stages(report: Report, f: UserFacts) -> List[Finding]:
+    if not f.stage_of or not report.records:
+        return []
+    by_stage: Dict[str, List[TensorError]] = {}
+    for e in report.records[0].errors:
+        if e.kind == "grad" and e.name in f.stage_of:
+            by_stage.setdefault(f.stage_of[e.name], []).append(e)
+    healthy = [s for s, es in by_stage.items() if _stage_ratio(es) > 0.95]
+    out = []
+    for stage, errs in by_stage.items():
+        ratio = _stage_ratio(errs)
+        if all(e.missing == "strategy" for e in errs):
+            out.append(Finding(0, "gradients", "some modules", "stage-cut",
+                               f"stage {stage!r} gets no gradient: none of its {len(errs)} parameters has a .grad "
+                               "after backward (the reference's do)", names=(stage,)))
+        elif healthy and stage not in healthy and 0 < ratio < 0.9:
+            out.append(Finding(0, "gradients", "some modules", "stage-part",
+                               f"stage {stage!r}'s gradients are {ratio:.3g}x the reference's at step 0 while stage(s) "
+                               f"{', '.join(healthy)} match", value=ratio, names=(stage,)))
+    return out
+
+
+def _stage_ratio(errors: List[TensorError]) -> float:
+    ratios = [0.0 if e.missing == "strategy" else e.norm_ratio for e in errors
+              if e.norm_ref > 0 and math.isfinite(e.norm_ratio)]
+    return statistics.median(ratios) if ratios else 1.0

@@ -1,0 +1,144 @@
+"""Phase 2, the rows each rank fed, against the reference's batch: every data-parallel rank the
+same rows (no DistributedSampler), tensor-parallel peers with different rows (rank-dependent
+inputs), rows of the reference's batch on no rank (another sampler or order), batches of another
+size, unequal shards, and a shuffle order that repeats on one side only (``set_epoch`` never
+called, or a data iterator restarted). Rows are compared as fingerprints (``record.watch``)."""
+from __future__ import annotations
+
+from collections import Counter
+from typing import List, Optional
+
+from .facts import REFERENCE, UserFacts
+from .finding import Finding
+
+
+def _key(rows: List[float]) -> Counter:
+    return Counter(float(f"{v:.12g}") for v in rows)
+
+
+def findings(f: UserFacts) -> List[Finding]:
+    out = [_epochs(f), _rows(f), _same_losses(f)]  # a repeated order explains the rows it misses
+    return [x for x in out if x is not None]
+
+
+def _group_rows(f: UserFacts, ranks: List[List[float]]) -> List[List[float]]:
+    """One list of rows per data group: tensor-parallel peers train one batch (each the same rows,
+    or its own shard of them under sequence parallelism)."""
+    groups = f.data_groups or [[r] for r in range(len(ranks))]
+    out = []
+    for g in groups:
+        peers = [ranks[r] for r in g if r < len(ranks)]
+        same = all(_key(p) == _key(peers[0]) for p in peers[1:])
+        out.append(list(peers[0]) if same else [v for p in peers for v in p])
+    return out
+
+
+def _rows(f: UserFacts) -> Optional[Finding]:
+    for step, (ref, ranks) in enumerate(zip(f.ref_rows, f.rank_rows)):
+        if not ref or not all(ranks):
+            continue
+        said = _tp_rows(f, step, ref, ranks) if f.tensor_parallel else None
+        said = said or _dp_rows(step, ref, _group_rows(f, ranks), len(ranks))
+        if said:
+            return said
+    return None
+
+
+def tp_rows_differ(f: UserFacts) -> bool:
+    """Tensor-parallel peers fed rows that are not one batch at some step."""
+    for i, (ref, rows) in enumerate(zip(f.ref_rows, f.rank_rows)):
+        found = _tp_rows(f, i, ref, rows) if ref and all(rows) else None
+        if found is not None and found.signal == "rows-tp-differ":
+            return True
+    return False
+
+
+def _tp_rows(f: UserFacts, step: int, ref: List[float], ranks: List[List[float]]) -> Optional[Finding]:
+    """Peers of a tensor-parallel group must train one batch: the same rows, or shards of it."""
+    for g in f.data_groups:
+        peers = [r for r in g if r < len(ranks)]
+        differs = [r for r in peers[1:] if _key(ranks[r]) != _key(ranks[peers[0]])]
+        if not differs:
+            mine = ranks[peers[0]]
+            if len(f.data_groups) == 1 and len(peers) > 1 and len(ref) == len(peers) * len(mine) \
+                    and not (_key(mine) - _key(ref)):
+                return Finding(step, "inputs", "certain rows", "rows-tp-same",
+                               f"at step {step} ranks {', '.join(map(str, peers))} each fed the same {len(mine)} rows, "
+                               f"while the reference trained {len(ref)} = {len(peers)} x {len(mine)}")
+            continue
+        together = sum((_key(ranks[r]) for r in peers), Counter())
+        if not (together - _key(ref)):
+            continue  # each peer a shard of the reference's rows: sequence-sharded input, by design
+        return Finding(step, "inputs", "certain rows", "rows-tp-differ",
+                       f"at step {step} tensor-parallel peer(s) {', '.join(map(str, differs))} fed other rows than "
+                       f"rank {peers[0]}, though ranks {', '.join(map(str, peers))} share their parameters as DTensors",
+                       names=tuple(map(str, differs)))
+    return None
+
+
+def _dp_rows(step: int, ref: List[float], groups: List[List[float]], world: int) -> Optional[Finding]:
+    first = _key(groups[0])
+    if len(groups) > 1 and all(_key(g) == first for g in groups[1:]):
+        if len(ref) <= len(groups[0]):
+            return _missing(step, ref, groups)  # one batch for all by design; another batch on one side
+        return Finding(step, "inputs", "certain rows", "rows-same",
+                       f"at step {step} every one of the {len(groups)} data-parallel ranks fed the same "
+                       f"{len(groups[0])} rows while the reference trained on {len(ref)}")
+    sizes = [len(g) for g in groups]
+    if sum(sizes) != len(ref):
+        who = "ranks" if len(groups) == world else "data-parallel groups"
+        return Finding(step, "inputs", "certain rows", "rows-size",
+                       f"at step {step} the {who} fed {' + '.join(map(str, sizes))} = {sum(sizes)} rows, the "
+                       f"reference {len(ref)}", value=sum(sizes) / max(1, len(ref)),
+                       detail=f"Give the one-device loop batch_size x {len(groups)} ({sizes[0]} x {len(groups)} = "
+                       f"{sizes[0] * len(groups)}), or each rank batch_size // {len(groups)}.")
+    said = _missing(step, ref, groups)
+    if said:
+        return said
+    if len(set(sizes)) > 1:
+        return Finding(step, "inputs", "certain rows", "rows-unequal",
+                       f"at step {step} the data-parallel ranks fed {'/'.join(map(str, sizes))} rows "
+                       f"({sum(sizes)} in all, the reference's batch)")
+    return None
+
+
+def _missing(step: int, ref: List[float], groups: List[List[float]]) -> Optional[Finding]:
+    """Rows of the reference's batch that no data-parallel group trained on."""
+    same = len(groups) > 1 and all(_key(g) == _key(groups[0]) for g in groups[1:])
+    together = _key(groups[0]) if same else sum((_key(g) for g in groups), Counter())
+    missing = sum((_key(ref) - together).values())
+    if not missing:
+        return None
+    return Finding(step, "inputs", "certain rows", "rows-missing",
+                   f"at step {step} {missing} of the reference's {len(ref)} rows were fed on no rank", value=missing)
+
+
+def _repeat(rows_per_step: List[List[float]]) -> int:
+    """The first step > 0 that trained on exactly step 0's rows again (0: none did)."""
+    if not rows_per_step or not rows_per_step[0]:
+        return 0
+    first = _key(rows_per_step[0])
+    return next((s for s, rows in enumerate(rows_per_step) if s and rows and _key(rows) == first), 0)
+
+
+def _epochs(f: UserFacts) -> Optional[Finding]:
+    """One side's shuffle order repeats (a later step sees step 0's rows again), the other's not."""
+    ref, ranks = _repeat(f.ref_rows), _repeat([per_rank[0] for per_rank in f.rank_rows])
+    if bool(ref) == bool(ranks):
+        return None
+    who, step = (REFERENCE, ref) if ref else ("fn on rank 0", ranks)
+    what = f"at step {step} {who} fed exactly the rows of step 0 again, while the other side went on to new rows"
+    if f.set_epoch_calls.get(who) or not f.sampler_passes.get(who):
+        return Finding(step, "inputs", "certain rows", "data-restart", what)
+    return Finding(step, "inputs", "certain rows", "epoch-repeat", what + " (it never calls DistributedSampler.set_epoch)")
+
+
+def _same_losses(f: UserFacts) -> Optional[Finding]:
+    """Without rows recorded: ranks that logged the same loss at every step trained the same samples."""
+    if f.world_size < 2 or not f.rank_losses or f.tensor_parallel or any(any(r) for r in f.rank_rows):
+        return None
+    if not all(len(set(losses)) == 1 for losses in f.rank_losses):
+        return None
+    first = f.rank_losses[0]
+    return Finding(0, "inputs", "certain rows", "rows-same",
+                   f"ranks 0-{len(first) - 1} logged the same loss at every step (step 0: {first[0]:.6g} on every rank)")

@@ -1,0 +1,81 @@
+"""Phase 3, the loss: with the same weights and rows, the ranks' loss (combined as their layout
+holds it) against the reference's. A loss off by the world size, its inverse or the number of
+backward passes is a loss scaled before backward; a loss off by one exact factor while gradients
+and parameters agree is a matter of normalisation, not a divergence (``normalisation``)."""
+from __future__ import annotations
+
+import math
+from typing import List, Optional
+
+from .facts import UserFacts
+from .finding import Finding, Report, factor_words, over
+
+EXACT = 1e-4  # relative: a factor read from the losses of every step alike
+
+
+def findings(report: Report, f: UserFacts) -> List[Finding]:
+    out = [_factor(f), _outputs(f), _other(report, f)]
+    return [x for x in out if x is not None]
+
+
+def loss_factor(f: UserFacts, step: int) -> float:
+    """The ranks' mean loss over the reference's at ``step`` (NaN where either is unknown)."""
+    if step >= len(f.rank_losses) or step >= len(f.ref_losses):
+        return math.nan
+    held = [x for x in f.rank_losses[step] if math.isfinite(x)]
+    ref = f.ref_losses[step]
+    if not held or not ref or not math.isfinite(ref):
+        return math.nan
+    return (math.fsum(held) / len(held)) / ref
+
+
+def _factor(f: UserFacts) -> Optional[Finding]:
+    """Step 0's loss (same weights on both sides) off by the world size, its inverse, or the backward passes."""
+    if f.world_size < 2 or f.tensor_parallel:
+        return None  # tensor/sequence-parallel peers hold parts of one loss: no replica mean to scale
+    k = loss_factor(f, 0)
+    if not math.isfinite(k):
+        return None
+    w, b = f.world_size, f.rank_backwards
+    if not (abs(k / w - 1) < 0.02 or abs(k * w - 1) < 0.02 or (b > 1 and abs(k / b - 1) < 0.02)):
+        return None
+    return Finding(0, "loss", "a uniform factor", "loss-factor",
+                   f"at step 0, with the same weights, the ranks' loss is {factor_words(k, w, b)} the reference's",
+                   value=k)
+
+
+def _outputs(f: UserFacts) -> Optional[Finding]:
+    order = f.output_order
+    if not order or order == sorted(order):
+        return None
+    moved = [f"row {i} is reference row {j}" for i, j in enumerate(order) if i != j][:3]
+    return Finding(0, "loss", "certain rows", "output-order",
+                   f"at step 0 the output rows are the reference's in another order ({'; '.join(moved)}, ...)")
+
+
+def _other(report: Report, f: UserFacts) -> Optional[Finding]:
+    """The loss differs at a step whose weights agree: another batch, BatchNorm or dropout, another loss."""
+    for step in range(len(report.records)):
+        if over(report, step, "param"):
+            return None  # the weights differ first: the state or an update explains it
+        bad = over(report, step, "loss") + over(report, step, "output")
+        if bad:
+            k = loss_factor(f, step)
+            shown = f" ({k:.4g}x the reference's)" if math.isfinite(k) else ""
+            return Finding(step, "loss", "all tensors", "loss-other",
+                           f"at step {step} the weights agree but the loss differs{shown}", value=k)
+    return None
+
+
+def normalisation(report: Report, f: UserFacts) -> Optional[float]:
+    """The factor the loss differs by at every step while nothing else does (gradients, parameters
+    and the norms clipped agree): a loss normalised otherwise (e.g. summed over a tensor-parallel
+    group), which trains alike. None where that is not the case."""
+    failing = {e.kind for _, e, _ in report.failures()}
+    if failing != {"loss"} or any(abs(a / b - 1) > 1e-3 for n, m in zip(f.rank_clip_norms, f.ref_clip_norms)
+                                  for a, b in zip(n, m) if b):
+        return None
+    ks = [loss_factor(f, s) for s in range(len(report.records))]
+    if not ks or not all(math.isfinite(k) and k != 0 for k in ks):
+        return None
+    return ks[0] if all(abs(k / ks[0] - 1) < EXACT for k in ks) and abs(ks[0] - 1) > 1e-3 else None

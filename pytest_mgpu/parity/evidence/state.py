@@ -1,0 +1,202 @@
+"""Phase 1, the state a step starts from: the parameters the optimizer holds (those of the model
+run forward, or of a copy), the weights (between ranks that should hold the same, and against the
+reference before any update, in the shards other ranks hold), the learning rate and the other hyperparameters each
+optimizer stepped with, the optimizer's state, and the state no optimizer steps (an EMA teacher,
+buffers). Read exactly where the value is exact (a learning rate is one float on both sides)."""
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional
+
+from .facts import REFERENCE, UserFacts
+from .finding import Finding, Report, listed, over, plain_name, replica_of
+
+SAME_LR = 1e-9  # relative: one schedule computes the same float on both sides
+SAME_STATE = 1e-4  # relative: fingerprints of state no optimizer steps (an EMA of equal weights)
+
+
+def _differs(a: float, b: float, rel: float) -> bool:
+    return abs(a - b) > rel * max(abs(a), abs(b), 1e-30)
+
+
+def findings(report: Report, f: UserFacts) -> List[Finding]:
+    """Every state finding, at any step (the causes table takes the earliest)."""
+    out = [_nonfinite(f), _foreign(f), _start(report, f), _lr(f), _hyper(f), _optimizer_state(f), _untrained(f)]
+    return [x for x in out if x is not None]
+
+
+def _nonfinite(f: UserFacts) -> Optional[Finding]:
+    if not f.nonfinite:
+        return None
+    who = sorted(f.nonfinite, key=lambda w: w != REFERENCE)[-1]
+    names = f.nonfinite[who]
+    return Finding(0, "state", "a value", "nonfinite",
+                   f"at step 0, before any update, {len(names)} parameter(s) of {who} hold inf or NaN ({listed(names)})",
+                   "That is memory never initialised: a model built on the meta device and moved with to_empty(), "
+                   "whose reset_parameters()/init_weights() does not reset every module, or a checkpoint holding "
+                   "NaN. Fix: initialise every parameter after to_empty() (model.apply(init) over all submodules).")
+
+
+def _foreign(f: UserFacts) -> Optional[Finding]:
+    if not f.foreign:
+        return None
+    who = sorted(f.foreign)[0]
+    names, unstepped = f.foreign[who], f.unstepped.get(who, [])
+    loose = f", while the model run forward has {len(unstepped)} parameter(s) with gradients that no optimizer " \
+        f"steps ({listed(unstepped, 3)})" if unstepped else ""
+    return Finding(0, "state", "all tensors", "update-foreign",
+                   f"in {who} the optimizer steps {len(names)} parameter(s) that belong to no model run forward{loose}")
+
+
+def _start(report: Report, f: UserFacts) -> Optional[Finding]:
+    """Step 0's weights: between ranks that should hold the same, then against the reference."""
+    apart = over(report, 0, "param", replicas=True)
+    if apart:
+        worst = max(apart, key=lambda e: e.rel)
+        ranks = sorted({r for e in apart if (r := replica_of(e)) is not None})
+        what = (f"at step 0 the weights before any update already differ between ranks (rank "
+                f"{', '.join(map(str, ranks))} vs rank 0: {len(apart)} tensor(s), e.g. {plain_name(worst)} "
+                f"{worst.rel:.3g} rel)")
+        return Finding(0, "state", "one rank alone", "start-apart", what,
+                       "The model is initialized differently per rank (a seed that depends on the rank, or random "
+                       "init after seeding per rank) and never broadcast. Fix: seed every rank alike before building "
+                       "the model, or broadcast rank 0's parameters (DDP's constructor does; FSDP1: "
+                       "sync_module_states=True).", names=tuple(map(str, ranks)))
+    other = over(report, 0, "param", replicas=False)
+    if other and f.shards_apart and not f.nonfinite:
+        return Finding(0, "state", "certain rows", "start-apart",
+                       f"at step 0 the weights before any update differ from the reference's only in the shards of rank(s) "
+                       f"{', '.join(map(str, f.shards_apart))} ({len(other)} tensor(s); rank 0's shards agree)",
+                       names=tuple(map(str, f.shards_apart)))
+    if other and not f.nonfinite:
+        worst = max(other, key=lambda e: e.rel)
+        return Finding(0, "state", "all tensors", "start-other",
+                       f"at step 0 the weights before any update differ from the reference's ({len(other)} "
+                       f"tensor(s), e.g. {worst.name} {worst.rel:.3g} rel)",
+                       "fn and reference_fn build their models from another seed or in another order (a random "
+                       "op between seeding and building on one side, or another init). Fix: seed both sides alike "
+                       "right before building the model, or load one state_dict into both.")
+    return None
+
+
+def _lr_of(lrs: List[float]) -> Optional[float]:
+    return lrs[0] if lrs else None
+
+
+def _lr(f: UserFacts) -> Optional[Finding]:
+    """The first step at which some rank stepped with another learning rate than the reference."""
+    for step, (ranks, ref) in enumerate(zip(f.rank_lrs, f.ref_lrs)):
+        if not ref:
+            continue
+        off = [r for r, lrs in enumerate(ranks) if lrs and any(_differs(a, b, SAME_LR) for a, b in zip(lrs, ref))]
+        if not off:
+            continue
+        if len(off) < len(ranks) and f.world_size > 1:
+            r = off[0]
+            return Finding(step, "state", "one rank alone", "lr-rank",
+                           f"at step {step} rank {r} stepped with lr {ranks[r][0]:.6g}, rank(s) "
+                           f"{', '.join(str(i) for i in range(len(ranks)) if i not in off)} and the reference "
+                           f"with {ref[0]:.6g}",
+                           "Fix: build the optimizer and scheduler alike on every rank.", names=(str(r),))
+        return _schedule(f, step)
+    return None
+
+
+def _schedule(f: UserFacts, first: int) -> Finding:
+    steps = min(len(f.rank_lrs), len(f.ref_lrs))
+    mine = [_lr_of(f.rank_lrs[s][0]) if f.rank_lrs[s] else None for s in range(steps)]
+    ref = [_lr_of(lrs) for lrs in f.ref_lrs[:steps]]
+    shown = ", ".join(f"{a:.4g}/{b:.4g}" for a, b in list(zip(mine, ref))[:6] if a is not None and b is not None)
+    what = f"at step {first} the ranks stepped with lr {mine[first]:.6g}, the reference with {ref[first]:.6g}"
+    per_step = f"Ranks/reference lr per step: {shown}{', ...' if steps > 6 else ''}."
+    ratios = {round(a / b, 6) for a, b in zip(mine, ref) if a is not None and b}
+    if len(ratios) == 1:
+        k = ratios.pop()
+        return Finding(first, "state", "a uniform factor", "lr-factor", what + f", {k:.4g}x at every step",
+                       per_step, value=k)
+    faster = _faster(mine, ref)
+    if faster:
+        return Finding(first, "state", "a value", "lr-faster",
+                       what + f"; the ranks' lr at step s is the reference's at step {faster}s", per_step, value=faster)
+    return Finding(first, "state", "a value", "lr-schedule", what, per_step)
+
+
+def _faster(mine: List[Optional[float]], ref: List[Optional[float]]) -> int:
+    """k > 1 where the ranks' lr at every step s is the reference's at step k*s + b for one b."""
+    known = [r for r in ref if r is not None]
+    if len(set(known)) < 2:
+        return 0
+    for k in (2, 3, 4, 8):
+        for b in range(k + 1):
+            pairs = [(a, ref[k * s + b]) for s, a in enumerate(mine) if k * s + b < len(ref) and a is not None]
+            if len(pairs) >= 2 and all(r is not None and not _differs(a, r, SAME_LR) for a, r in pairs):
+                return k
+    return 0
+
+
+def _hyper(f: UserFacts) -> Optional[Finding]:
+    """Another weight decay, momentum, betas or eps on some rank than in the reference."""
+    for step, (ranks, ref) in enumerate(zip(f.rank_hyper, f.ref_hyper)):
+        for r, groups in enumerate(ranks):
+            if len(groups) != len(ref):
+                continue
+            for g, (mine, theirs) in enumerate(zip(groups, ref)):
+                diff = [k for k in mine if k in theirs and _differs(mine[k], theirs[k], SAME_LR)]
+                if diff:
+                    k = diff[0]
+                    alone = f.world_size > 1 and any(
+                        len(o) == len(ref) and not _differs(o[g].get(k, math.nan), theirs[k], SAME_LR)
+                        for o in ranks if o is not groups)
+                    who = f"rank {r}" if alone else "the ranks"
+                    return Finding(step, "state", "one rank alone" if alone else "a value", "hyper",
+                                   f"at step {step} {who} stepped param group {g} with {k}={mine[k]:.6g}, the "
+                                   f"reference with {k}={theirs[k]:.6g}",
+                                   "Fix: build the optimizer with the same arguments and parameter groups on every "
+                                   "rank and in the reference.", names=(k,))
+    return None
+
+
+def _optimizer_state(f: UserFacts) -> Optional[Finding]:
+    """Step counters that differ, or one side with no state where the other has some."""
+    for step, (ranks, theirs) in enumerate(zip(f.rank_states, f.ref_states)):
+        if not ranks:
+            continue
+        held, count = ranks[0]
+        ref_held, ref_count = theirs
+        counters = count >= 0 and ref_count >= 0 and count != ref_count
+        fresh = step > 0 and (held == 0) != (ref_held == 0)
+        if not (counters or fresh):
+            continue
+        return Finding(step, "state", "a value", "optimizer-state",
+                       f"before step {step} fn on the ranks' optimizer held state for {held} parameter(s) (step "
+                       f"count {count:g}), reference_fn's for {ref_held} (step count {ref_count:g})")
+    return None
+
+
+def _untrained(f: UserFacts) -> Optional[Finding]:
+    """State no optimizer steps (an EMA teacher, buffers): ranks apart, or apart from the reference."""
+    for step, ranks in enumerate(f.untrained):
+        if not ranks or not ranks[0]:
+            continue
+        first = ranks[0]
+        for r, mine in enumerate(ranks[1:], start=1):
+            apart = _apart(mine, first)
+            if apart:
+                return Finding(step, "state", "one rank alone", "untrained-rank",
+                               f"before step {step} the state no optimizer steps differs between ranks (rank {r} vs "
+                               f"rank 0: {listed(apart)})", names=tuple(apart))
+        ref = f.ref_untrained[step] if step < len(f.ref_untrained) else {}
+        apart = _apart(first, ref)
+        if apart and step > 0:
+            return Finding(step, "state", "some modules", "untrained-other",
+                           f"before step {step} the state no optimizer steps differs from the reference's "
+                           f"({listed(apart)}), while it agreed before step {step - 1}"
+                           if _apart(f.untrained[step - 1][0], f.ref_untrained[step - 1]) == [] else
+                           f"before step {step} the state no optimizer steps differs from the reference's "
+                           f"({listed(apart)})", names=tuple(apart))
+    return None
+
+
+def _apart(mine: Dict[str, float], theirs: Dict[str, float]) -> List[str]:
+    return [n for n, v in mine.items() if n in theirs and math.isfinite(v) and math.isfinite(theirs[n])
+            and _differs(v, theirs[n], SAME_STATE)]
