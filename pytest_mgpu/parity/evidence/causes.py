@@ -137,6 +137,8 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "The norm is computed over each rank's local shards or part of the parameters only.", below),
     Cause("grads-carried", "gradients not zeroed between steps", "call optimizer.zero_grad() once per optimizer step, "
           "after optimizer.step() (with accumulation: after the step, not after each micro-batch)"),
+    Cause("grads-zeroed-micro", "gradients zeroed between micro-batches", "call optimizer.zero_grad() once per "
+          "optimizer step, after optimizer.step(), not inside the accumulation loop"),
     Cause("grads-tp-unreduced", "gradients not reduced across the tensor-parallel group", "put the module in "
           "parallelize_module's plan so its weight becomes a Replicate DTensor whose gradient is reduced, or "
           "all_reduce that gradient over the tp mesh's group before optimizer.step()"),

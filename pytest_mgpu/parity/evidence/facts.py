@@ -39,6 +39,10 @@ class UserFacts(RunFacts):
     ref_clips: List[List[float]] = field(default_factory=list)  # per step: the reference's clip factors
     rank_clip_norms: List[List[float]] = field(default_factory=list)  # per step: rank 0's total norms clipped
     ref_clip_norms: List[List[float]] = field(default_factory=list)  # per step: the reference's
+    rank_raw: List[List[float]] = field(default_factory=list)  # per step, per rank: the norm backward left
+    ref_raw: List[float] = field(default_factory=list)  # per step: the reference's
+    rank_zeroed: List[List[int]] = field(default_factory=list)  # per step: backward passes rank 0 zeroed before
+    ref_zeroed: List[List[int]] = field(default_factory=list)  # per step: the reference's
     shards_apart: List[int] = field(default_factory=list)  # ranks whose dim-0 shard of the step-0 weights alone differs
     rank_first_norms: List[List[float]] = field(default_factory=list)  # per step, per rank: first norm clipped (NaN: none)
     clips_dtensors: bool = False  # the ranks' parameters (or the norms they clipped) are DTensors

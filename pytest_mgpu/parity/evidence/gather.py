@@ -45,6 +45,10 @@ def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Lay
                               for i in range(steps)]
     facts.clips_dtensors = any(side.dtensors for side in ranks) or any(
         len(c) > 2 and c[2] for side in ranks for s in side.steps for c in s.clips)
+    facts.rank_raw = [[side.steps[i].raw_norm for side in ranks] for i in range(steps)]
+    facts.ref_raw = [s.raw_norm for s in ref.steps]
+    facts.rank_zeroed = [ranks[0].steps[i].zeroed if ranks else [] for i in range(steps)]
+    facts.ref_zeroed = [s.zeroed for s in ref.steps]
     facts.shards_apart = shards_apart(ranks[0].steps[0].params, ref.steps[0].params, len(ranks)) \
         if ranks and ranks[0].steps and ref.steps else []
     lossy = next((s for s in ranks if s.reduce_dtype), None)

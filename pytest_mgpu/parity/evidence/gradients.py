@@ -20,7 +20,7 @@ SAME_CLIP = 1e-2  # relative: a clip factor from the same norm, up to the sides'
 
 
 def findings(report: Report, f: UserFacts) -> List[Finding]:
-    out = [_carried(f), _clipping(report, f), _replicas(report, f), _against_reference(report, f)] + _stages(report, f)
+    out = [_zeroed(f), _carried(f), _clipping(report, f), _replicas(report, f), _against_reference(report, f)] + _stages(report, f)
     return [x for x in out if x is not None]
 
 
@@ -65,9 +65,28 @@ def _against_reference(report: Report, f: UserFacts) -> Optional[Finding]:
         if k != 1.0:
             return Finding(step, "gradients", "a uniform factor", "grads-factor",
                            f"at step {step}, with the same weights, every gradient is {factor_words(k, w, b)} the "
-                           f"reference's, in all {len(errs)} tensors", value=k)
+                           f"reference's, in all {len(errs)} tensors{_when(f, step, k)}", value=k)
         return _partial(step, bad, errs, f)
     return None
+
+
+def _when(f: UserFacts, step: int, k: float) -> str:
+    """Whether backward already left the factor (in the loss, a reduction inside backward such as a
+    communication hook) or it came after backward, before the step (a hand-written all_reduce or
+    scaling), read from the total norms backward left on rank 0 and in the reference."""
+    raws = f.rank_raw[step] if step < len(f.rank_raw) else []
+    mine = raws[0] if raws else math.nan
+    ref = f.ref_raw[step] if step < len(f.ref_raw) else math.nan
+    if not (math.isfinite(mine) and math.isfinite(ref) and ref > 0):
+        return ""
+    if all(math.isfinite(r) for r in raws) and any(abs(r - mine) > 1e-6 * mine for r in raws):
+        return "; backward left each rank its own shard's gradients, so the factor came from the reduction after it"
+    raw = mine / ref
+    if abs(raw / k - 1) < 0.02:
+        return "; backward already left them so (the loss, or a reduction inside backward such as a comm hook)"
+    if abs(raw - 1) < 0.02:
+        return "; backward left them as the reference's, so the factor came after it, before the optimizer step"
+    return ""
 
 
 def _partial(step: int, bad: List[TensorError], errs: List[TensorError], f: UserFacts) -> Finding:
@@ -108,6 +127,20 @@ def _precision(bad: List[TensorError], f: UserFacts) -> str:
 
 
 # -- zero_grad ------------------------------------------------------------------------------------
+def _zeroed(f: UserFacts) -> Optional[Finding]:
+    """Gradients zeroed between the backward passes of one step on one side only (observed before
+    each pass): each micro-batch's gradient replaced the previous one's instead of adding to it."""
+    for step, (mine, theirs) in enumerate(zip(f.rank_zeroed, f.ref_zeroed)):
+        if bool(mine) == bool(theirs):
+            continue
+        who, passes = ("fn on the ranks", mine) if mine else (REFERENCE, theirs)
+        return Finding(step, "gradients", "a value", "grads-zeroed-micro",
+                       f"at step {step} every gradient of {who} was zero again before backward pass "
+                       f"{', '.join(map(str, passes))}: each micro-batch's gradients replaced the previous ones'")
+    return None
+
+
+
 def carried_over(rank: SideLog, ref: SideLog) -> str:
     """The first side and step whose gradients are the other side's plus its own previous step's:
     gradients never zeroed between steps ("" where none)."""

@@ -86,7 +86,8 @@ class StepRecorder:
         self.side.steps.append(StepLog(seen.loss(), grads, params, seen.rows, len(seen.losses), lrs, seen.clips,
                                        optimizer_state(optimizer), hyperparameters(optimizer),
                                        untrained_state(prefixed(self.watch.model_roots()), named,
-                                                       list(self.watch.stateful.values()))))
+                                                       list(self.watch.stateful.values())),
+                                       seen.raw_norms[-1] if seen.raw_norms else float("nan"), seen.zeroed))
         if self.on_first and len(self.side.steps) == 1:
             self.on_first(self.side)
 

@@ -39,6 +39,8 @@ class Inputs:
     losses: List[float] = field(default_factory=list)  # every scalar backpropagated since the last step
     pipeline: bool = False  # backpropagated by a torch.distributed.pipelining schedule (per micro-batch)
     clips: List[Tuple[float, float, bool]] = field(default_factory=list)  # (total norm, max_norm, of DTensors) per clip call
+    raw_norms: List[float] = field(default_factory=list)  # per backward pass: the total gradient norm it left (NaN: sharded)
+    zeroed: List[int] = field(default_factory=list)  # backward passes (1-based) before which every gradient was zero again
 
     def loss(self) -> float:
         """The step's loss, combined as its gradients are: the sum of the scalars backpropagated
@@ -85,6 +87,7 @@ class Watch:
         self.sampler_passes = 0  # passes over a DistributedSampler (0: the loop uses none)
         self._inputs = Inputs()
         self._depth = 0
+        self._left_gradients = False  # the last backward pass left some gradient nonzero
 
     # -- hooks ------------------------------------------------------------------------------
     def _pre(self, module, args, kwargs=None):
@@ -128,9 +131,14 @@ class Watch:
 
         def observed_backward(tensors, *args, **kwargs):
             t = tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else tensors
-            if isinstance(t, torch.Tensor) and t.numel() == 1 and torch._C._current_autograd_node() is None:
+            top = isinstance(t, torch.Tensor) and t.numel() == 1 and torch._C._current_autograd_node() is None
+            if top:
+                watch.before_backward()
                 watch.saw_loss(t.detach(), sys._getframe(1).f_globals.get("__name__", ""))
-            return backward(tensors, *args, **kwargs)
+            out = backward(tensors, *args, **kwargs)
+            if top:
+                watch.after_backward()
+            return out
 
         def observed_clip(parameters, max_norm, *args, **kwargs):
             total = clip(parameters, max_norm, *args, **kwargs)
@@ -182,13 +190,39 @@ class Watch:
         """A step that was not counted: what it saw belongs to the next one."""
         now = self._inputs
         self._inputs = Inputs(seen.rows + now.rows, seen.calls + now.calls, seen.losses + now.losses,
-                              seen.pipeline or now.pipeline, seen.clips + now.clips)
+                              seen.pipeline or now.pipeline, seen.clips + now.clips, seen.raw_norms + now.raw_norms,
+                              seen.zeroed + now.zeroed)
 
     def saw_loss(self, loss, caller: str) -> None:
         self.loss = loss
         with quiet():  # reading a DTensor loss may gather it: ours, not the loop's
             self._inputs.losses.append(float(loss.reshape(()).double().item()))
         self._inputs.pipeline = self._inputs.pipeline or caller.startswith("torch.distributed.pipelining")
+
+    def before_backward(self) -> None:
+        """A later backward pass of a step, after one that left gradients: were they all zeroed since?"""
+        if self._inputs.losses and self._left_gradients:
+            with quiet():
+                grads = [g for g in self._grads() if g is not None]
+                if not any(bool(g.any()) for g in grads):
+                    self._inputs.zeroed.append(len(self._inputs.losses) + 1)
+
+    def after_backward(self) -> None:
+        """The total norm of the gradients a backward pass left, before any clipping or scaling (NaN
+        where they are sharded: DTensors, FSDP1 flat parameters)."""
+        import torch
+
+        with quiet():
+            grads = [g for g in self._grads() if g is not None]
+            self._left_gradients = any(bool(g.any()) for g in grads if not hasattr(g, "to_local"))
+            sharded = any(hasattr(g, "to_local") for g in grads) or any(
+                type(p).__name__ == "FlatParameter" for root in self.model_roots() for p in root.parameters())
+            total = math.nan if sharded or not grads else float(
+                torch.stack([g.detach().double().norm() for g in grads]).norm())
+        self._inputs.raw_norms.append(total)
+
+    def _grads(self) -> List[Any]:
+        return [p.grad for root in self.model_roots() for p in root.parameters() if p.requires_grad]
 
     def saw_clip(self, total, max_norm) -> None:
         with quiet():

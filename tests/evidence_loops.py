@@ -1,0 +1,164 @@
+"""Small training loops for the evidence tests (``test_evidence.py``): a two-layer network trained by
+hand-written data parallelism (all_reduce of the gradients) or by DDP, each with one flag per bug.
+Every rank trains its block of one seeded global batch; ``reference`` trains the whole batch on one
+device. Written as users write them: nothing in them knows about the plugin."""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as tdist
+from torch import nn
+
+DIM, HIDDEN, OUT, BATCH, LR = 8, 16, 4, 16, 0.05
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(DIM, HIDDEN)
+        self.gate = nn.Linear(HIDDEN, HIDDEN)
+        self.head = nn.Linear(HIDDEN, OUT)
+
+    def forward(self, x):
+        h = torch.tanh(self.body(x))
+        return self.head(h * torch.sigmoid(self.gate(h)))
+
+
+class Teacher(nn.Module):
+    """An EMA copy of the network, run forward for a distillation term (as DINO/BYOL do)."""
+
+    def __init__(self, net: Net):
+        super().__init__()
+        self.net = copy.deepcopy(net).requires_grad_(False)
+
+    def forward(self, x):
+        return self.net(x)
+
+    @torch.no_grad()
+    def update(self, net: Net, momentum: float = 0.9) -> None:
+        for t, s in zip(self.net.parameters(), net.parameters()):
+            t.mul_(momentum).add_(s.detach(), alpha=1 - momentum)
+
+
+def batch(step: int):
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randn(BATCH, DIM, generator=g), torch.randn(BATCH, OUT, generator=g)
+
+
+def _rank() -> int:
+    return tdist.get_rank() if tdist.is_initialized() else 0
+
+
+def _average(model: nn.Module, world: int, skip: str = "", divide: bool = True) -> None:
+    for name, p in model.named_parameters():
+        if p.grad is None or (skip and name.startswith(skip)):
+            continue
+        tdist.all_reduce(p.grad)
+        if divide:
+            p.grad.div_(world)
+
+
+def hand_dp(world_size: int, bug: str = "", steps: int = 4, micro: int = 1) -> None:
+    """Hand-written data parallelism: all_reduce SUM, then divide; ``micro`` accumulated micro-batches."""
+    torch.manual_seed(0 + (_rank() if bug == "seed_apart" else 0))
+    net = Net()
+    teacher = Teacher(net) if bug.startswith("ema") or bug == "teacher" else None
+    opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=0.9)
+    for step in range(steps):
+        x, y = (t.chunk(world_size)[_rank()] for t in batch(step))
+        opt.zero_grad()
+        for xm, ym in zip(x.chunk(micro), y.chunk(micro)):
+            if bug == "zero_grad_micro":
+                opt.zero_grad()
+            out = net(xm)
+            loss = nn.functional.mse_loss(out, ym)
+            if teacher is not None:
+                loss = loss + nn.functional.mse_loss(out, teacher(xm))
+            (loss / micro).backward()
+        _average(net, world_size, skip="gate" if bug == "gate_not_reduced" else "", divide=bug != "sum_no_divide")
+        opt.step()
+        if bug == "rank1_nudge" and step == 1 and _rank() == 1:
+            with torch.no_grad():
+                net.head.weight.mul_(1.01)  # a change outside the optimizer, on one rank
+        if teacher is not None and not (bug == "ema_rank0_only" and _rank() != 0):
+            teacher.update(net)
+
+
+def reference(world_size: int, bug: str = "", steps: int = 4, micro: int = 1) -> None:
+    """One device, the global batch (``bug`` and ``micro`` only say whether a teacher is trained)."""
+    torch.manual_seed(0)
+    net = Net()
+    teacher = Teacher(net) if bug.startswith("ema") or bug == "teacher" else None
+    opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=0.9)
+    for step in range(steps):
+        x, y = batch(step)
+        opt.zero_grad()
+        loss = 0.0
+        for xs, ys in zip(x.chunk(world_size), y.chunk(world_size)):  # each rank's block, as the ranks see it
+            out = net(xs)
+            part = nn.functional.mse_loss(out, ys)
+            if teacher is not None:
+                part = part + nn.functional.mse_loss(out, teacher(xs))
+            loss = loss + part / world_size
+        loss.backward()
+        opt.step()
+        if teacher is not None:
+            teacher.update(net)
+
+
+def ddp_bf16(world_size: int, steps: int = 3) -> None:
+    """DDP with torch's bf16_compress_hook: gradients reduced in bfloat16."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = DDP(Net())
+    model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    for step in range(steps):
+        x, y = (t.chunk(world_size)[_rank()] for t in batch(step))
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+
+def reference_plain(world_size: int, steps: int = 3) -> None:
+    """One device, the global batch, one backward."""
+    torch.manual_seed(0)
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=0.9)
+    for step in range(steps):
+        x, y = batch(step)
+        opt.zero_grad()
+        nn.functional.mse_loss(net(x), y).backward()
+        opt.step()
+
+
+def logged(log, world_size: int, factor: float = 1.0, steps: int = 3, from_step: int = 0) -> None:
+    """``record="log"``: hand-written data parallelism that logs ``factor`` x the loss it backpropagates
+    (from step ``from_step`` on)."""
+    torch.manual_seed(0)
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
+    for step in range(steps):
+        x, y = (t.chunk(world_size)[_rank()] for t in batch(step))
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(net(x), y)
+        loss.backward()
+        _average(net, world_size)
+        log(net, loss.detach() * (factor if step >= from_step else 1.0))
+        opt.step()
+
+
+def logged_reference(log, world_size: int, steps: int = 3) -> None:
+    torch.manual_seed(0)
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
+    for step in range(steps):
+        x, y = batch(step)
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(net(x), y)
+        loss.backward()
+        log(net, loss)
+        opt.step()
