@@ -84,6 +84,12 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "with a checkpoint (its state_dict saved and loaded beside the optimizer's)."),
     Cause("hyper", "the optimizer's hyperparameters differ", "build the optimizer with the same arguments and "
           "parameter groups on every rank and in the reference"),
+    Cause("groups", "the optimizer's parameter groups differ", "build the param groups alike on both sides (the same "
+          "parameters with and without weight decay)", "A parameter put in another group (a norm or bias given "
+          "weight decay), or a group left out."),
+    Cause("modes", "the model runs in another mode (train/eval) on one side", "call model.train() after each "
+          "validation pass (and eval() alike on both sides)", "A model left in eval() after validation computes "
+          "BatchNorm with running statistics and drops no units."),
     Cause("optimizer-state", "the optimizer's state differs", "save and load the optimizer's state with the model's "
           "(optimizer.state_dict(), or DCP get_optimizer_state_dict/set_optimizer_state_dict)",
           "An optimizer built anew and not restored starts with no state (Adam's moments zero, step counters "

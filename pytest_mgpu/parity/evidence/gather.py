@@ -49,6 +49,9 @@ def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Lay
     facts.ref_raw = [s.raw_norm for s in ref.steps]
     facts.rank_zeroed = [ranks[0].steps[i].zeroed if ranks else [] for i in range(steps)]
     facts.ref_zeroed = [s.zeroed for s in ref.steps]
+    facts.rank_modes = [[side.steps[i].modes for side in ranks] for i in range(steps)]
+    facts.ref_modes = [s.modes for s in ref.steps]
+    facts.partial_ranks = len(layout.stages) > 1
     facts.shards_apart = shards_apart(ranks[0].steps[0].params, ref.steps[0].params, len(ranks)) \
         if ranks and ranks[0].steps and ref.steps else []
     lossy = next((s for s in ranks if s.reduce_dtype), None)

@@ -21,7 +21,8 @@ def _differs(a: float, b: float, rel: float) -> bool:
 
 def findings(report: Report, f: UserFacts) -> List[Finding]:
     """Every state finding, at any step (the causes table takes the earliest)."""
-    out = [_nonfinite(f), _foreign(f), _start(report, f), _lr(f), _hyper(f), _optimizer_state(f), _untrained(f)]
+    out = [_nonfinite(f), _foreign(f), _start(report, f), _modes(f), _lr(f), _hyper(f), _optimizer_state(f),
+           _untrained(f)]
     return [x for x in out if x is not None]
 
 
@@ -135,24 +136,45 @@ def _faster(mine: List[Optional[float]], ref: List[Optional[float]]) -> int:
 
 
 def _hyper(f: UserFacts) -> Optional[Finding]:
-    """Another weight decay, momentum, betas or eps on some rank than in the reference."""
+    """Another number of param groups, another size of a group, or another weight decay, momentum,
+    betas or eps on some rank than in the reference (a group's size only where every rank holds the
+    whole model: a pipeline stage's or an expert's optimizer holds its part)."""
     for step, (ranks, ref) in enumerate(zip(f.rank_hyper, f.ref_hyper)):
         for r, groups in enumerate(ranks):
             if len(groups) != len(ref):
-                continue
+                return Finding(step, "state", "a value", "groups",
+                               f"at step {step} rank {r}'s optimizer has {len(groups)} param group(s), the reference's "
+                               f"{len(ref)}", names=("param groups",))
             for g, (mine, theirs) in enumerate(zip(groups, ref)):
-                diff = [k for k in mine if k in theirs and _differs(mine[k], theirs[k], SAME_LR)]
+                diff = [k for k in mine if k in theirs and _differs(mine[k], theirs[k], SAME_LR)
+                        and not (k == "parameters" and f.partial_ranks)]
                 if diff:
-                    k = diff[0]
-                    alone = f.world_size > 1 and any(
-                        len(o) == len(ref) and not _differs(o[g].get(k, math.nan), theirs[k], SAME_LR)
-                        for o in ranks if o is not groups)
-                    who = f"rank {r}" if alone else "the ranks"
-                    return Finding(step, "state", "one rank alone" if alone else "a value", "hyper",
-                                   f"at step {step} {who} stepped param group {g} with {k}={mine[k]:.6g}, the "
-                                   f"reference with {k}={theirs[k]:.6g}",
-                                   "Fix: build the optimizer with the same arguments and parameter groups on every "
-                                   "rank and in the reference.", names=(k,))
+                    return _hyper_finding(f, step, r, g, diff[0], ranks, mine, theirs)
+    return None
+
+
+def _hyper_finding(f: UserFacts, step: int, r: int, g: int, k: str, ranks: List[List[Dict[str, float]]],
+                   mine: Dict[str, float], theirs: Dict[str, float]) -> Finding:
+    alone = f.world_size > 1 and any(
+        len(o) > g and not _differs(o[g].get(k, math.nan), theirs[k], SAME_LR) for o in ranks)
+    who = f"rank {r}" if alone else "the ranks"
+    if k == "parameters":
+        return Finding(step, "state", "one rank alone" if alone else "a value", "groups",
+                       f"at step {step} param group {g} of {who} holds {mine[k]:.0f} parameter elements, the "
+                       f"reference's {theirs[k]:.0f}", names=("param groups",))
+    return Finding(step, "state", "one rank alone" if alone else "a value", "hyper",
+                   f"at step {step} {who} stepped param group {g} with {k}={mine[k]:.6g}, the reference with "
+                   f"{k}={theirs[k]:.6g}", names=(k,))
+
+
+def _modes(f: UserFacts) -> Optional[Finding]:
+    """BatchNorm or dropout modules in eval mode on one side and not on the other."""
+    for step, (ranks, ref) in enumerate(zip(f.rank_modes, f.ref_modes)):
+        mine = ranks[0] if ranks else (0, 0)
+        if mine[1] and mine[1] == ref[1] and mine[0] != ref[0]:
+            return Finding(step, "state", "a value", "modes",
+                           f"at step {step} {mine[0]} of the ranks' {mine[1]} BatchNorm/dropout modules were in eval "
+                           f"mode, {ref[0]} of the reference's")
     return None
 
 

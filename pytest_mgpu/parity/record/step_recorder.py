@@ -87,7 +87,8 @@ class StepRecorder:
                                        optimizer_state(optimizer), hyperparameters(optimizer),
                                        untrained_state(prefixed(self.watch.model_roots()), named,
                                                        list(self.watch.stateful.values())),
-                                       seen.raw_norms[-1] if seen.raw_norms else float("nan"), seen.zeroed))
+                                       seen.raw_norms[-1] if seen.raw_norms else float("nan"), seen.zeroed,
+                                       eval_modes(models)))
         if self.on_first and len(self.side.steps) == 1:
             self.on_first(self.side)
 
@@ -248,6 +249,8 @@ def hyperparameters(optimizer) -> List[Dict[str, float]]:
     out = []
     for group in optimizer.param_groups:
         got: Dict[str, float] = {}
+        if not any(is_flat(p) for p in group["params"]):  # an FSDP1 flat parameter is a shard's size
+            got["parameters"] = float(sum(p.numel() for p in group["params"]))  # a DTensor counts its global size
         for key, value in group.items():
             if key in ("params", "lr", "initial_lr") or isinstance(value, bool):
                 continue
@@ -284,4 +287,14 @@ def untrained_state(roots: List[Tuple[str, Any]], stepped: List[Tuple[str, Any]]
             weights = torch.cos(torch.arange(flat.numel(), dtype=torch.float64) * 0.7071 + 0.3) + 1.5
             out[clean_name(name)] = float(flat @ weights)
     return out
+
+
+def eval_modes(roots: List[Tuple[str, Any]]) -> Tuple[int, int]:
+    """(in eval mode, in all) among the BatchNorm and dropout modules of the trained models: the
+    modules whose mode changes what a step computes (left in eval() after a validation pass)."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+    from torch.nn.modules.dropout import _DropoutNd
+
+    mods = [m for _, root in roots for m in unwrap(root).modules() if isinstance(m, (_BatchNorm, _DropoutNd))]
+    return sum(not m.training for m in mods), len(mods)
 

@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Tuple
 
 from ...timing.structure.counter import quiet
 from ..gather import full_tensor
+from .fsdp1_flat import is_flat
 
 @dataclass
 class Inputs:
@@ -216,7 +217,7 @@ class Watch:
             grads = [g for g in self._grads() if g is not None]
             self._left_gradients = any(bool(g.any()) for g in grads if not hasattr(g, "to_local"))
             sharded = any(hasattr(g, "to_local") for g in grads) or any(
-                type(p).__name__ == "FlatParameter" for root in self.model_roots() for p in root.parameters())
+                is_flat(p) for root in self.model_roots() for p in root.parameters())
             total = math.nan if sharded or not grads else float(
                 torch.stack([g.detach().double().norm() for g in grads]).norm())
         self._inputs.raw_norms.append(total)
