@@ -17,6 +17,12 @@ against another checkout (the figure before a change; record="optimizer" cases n
     python benchmarks/parity_cost.py --training --repeat 3
     python benchmarks/parity_cost.py --training --root ../main --cases log
 
+``--failing`` measures what a failure costs: per case, ``dist.assert_same_training`` on a loop with a
+bug (caught as ParityError, its message built: the localisation and the causes included) against the
+same call on the correct loop, alternately in one session. The ratio is what failing adds:
+
+    python benchmarks/parity_cost.py --failing --repeat 3
+
 ``--resume`` measures ``dist.assert_resumes`` (suites/resume_trainers.py) against running the
 uninterrupted trainer once for the same N steps in a fresh folder; the budget is 3.5x:
 
@@ -79,18 +85,19 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true", help="assert_resumes against the trainer run once")
     parser.add_argument("--root", type=Path, default=ROOT, help="the checkout whose pytest_mgpu is measured")
     parser.add_argument("--cases", default="", help="--training: 'log' or 'optimizer' keeps those cases")
+    parser.add_argument("--failing", action="store_true", help="assert_same_training with a bug against without")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "cost.jsonl"
         (Path(tmp) / "test_cost.py").write_text(RESUME_FILE if args.resume else TRAINING_FILE if args.training
-                                                 else TEST_FILE)
+                                                 else FAILING_FILE if args.failing else TEST_FILE)
         env = dict(os.environ, COST_OUT=str(out), COST_REPEAT=str(args.repeat), COST_CASES=args.cases,
                    PYTHONPATH=os.pathsep.join([str(args.root.resolve()), os.environ.get("PYTHONPATH", "")]))
         subprocess.run([sys.executable, "-m", "pytest", "test_cost.py", "--mgpu-fallback=cpu", "-q", "-p",
                         "no:cacheprovider", "--rootdir", tmp], env=env, cwd=tmp, check=False)
         rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     heads = (("trainer once", "assert_resumes") if args.resume else ("loops once each", "assert_same_training")
-             if args.training else ("without", "with companions"))
+             if args.training else ("passing", "failing") if args.failing else ("without", "with companions"))
     cases = sorted({r["case"] for r in rows}, key=[r["case"] for r in rows].index)
     table, tot = [], {True: 0.0, False: 0.0}
     for case in cases:
@@ -250,6 +257,46 @@ def test_cost(dist, case, repeat):
             continue
         with open(OUT, "a") as f:
             f.write(json.dumps({"case": f"{name} x{dist.world_size}", "companions": checked,
+                                "s": time.perf_counter() - t0}) + "\\n")
+'''
+
+
+FAILING_FILE = '''
+import functools, json, os, time, pytest
+from pytest_mgpu import ParityError
+from tests import evidence_loops as L, public_trainers as P
+
+OUT = os.environ["COST_OUT"]
+F = functools.partial
+CASES = [  # (name, correct fn, buggy fn, reference, options, world sizes)
+    ("hand dp, ranks seeded apart", L.hand_dp, F(L.hand_dp, bug="seed_apart"), L.reference, {"steps": 4}, (2,)),
+    ("hand dp, sum not divided", L.hand_dp, F(L.hand_dp, bug="sum_no_divide"), L.reference, {"steps": 4}, (2, 4)),
+    ("hand dp, EMA teacher on rank 0", F(L.hand_dp, bug="teacher"), F(L.hand_dp, bug="ema_rank0_only"),
+     F(L.reference, bug="teacher"), {"steps": 4}, (2,)),
+    ("minGPT DDP, no_sync left on", P.gpt_ddp_train, F(P.gpt_ddp_train, bug="no_sync"), P.gpt_one_device,
+     {"steps": 20}, (2,)),
+    ("minGPT DDP, loss x world", P.gpt_ddp_train, F(P.gpt_ddp_train, bug="loss_times_world"), P.gpt_one_device,
+     {"steps": 20}, (2,)),
+]
+
+
+@pytest.mark.parametrize("repeat", range(int(os.environ.get("COST_REPEAT", "2")) + 1))  # 0: warm-up
+@pytest.mark.parametrize("case", [pytest.param(c, marks=getattr(pytest.mark, f"gpu{w}"), id=f"{c[0]}-w{w}")
+                                  for c in CASES for w in c[5]])
+def test_cost(dist, case, repeat):
+    name, good, bad, ref, opts, _ = case
+    for failing in ((True, False) if repeat % 2 == 0 else (False, True)):
+        t0 = time.perf_counter()
+        try:
+            dist.assert_same_training(bad if failing else good, ref, dist.world_size, record="optimizer", **opts)
+            assert not failing, "the bug was not caught"
+        except ParityError as exc:
+            assert failing, str(exc)
+            str(exc)
+        if repeat == 0:
+            continue
+        with open(OUT, "a") as f:
+            f.write(json.dumps({"case": f"{name} x{dist.world_size}", "companions": failing,
                                 "s": time.perf_counter() - t0}) + "\\n")
 '''
 

@@ -20,6 +20,7 @@ backpropagated since the previous step (``watch.Inputs.loss``): gradient accumul
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ...timing.structure.counter import quiet
@@ -283,9 +284,7 @@ def untrained_state(roots: List[Tuple[str, Any]], stepped: List[Tuple[str, Any]]
         tensors += [(f"{type(module).__name__}.{n}", t) for n, t in module.named_buffers()]
     for name, t in tensors:
         if t.is_floating_point() and not hasattr(t, "to_local") and t.numel():
-            flat = t.detach().reshape(-1).to("cpu", torch.float64)
-            weights = torch.cos(torch.arange(flat.numel(), dtype=torch.float64) * 0.7071 + 0.3) + 1.5
-            out[clean_name(name)] = float(flat @ weights)
+            out[clean_name(name)] = float(t.detach().reshape(-1).to("cpu", torch.float64) @ _weights(t.numel()))
     return out
 
 
@@ -297,4 +296,12 @@ def eval_modes(roots: List[Tuple[str, Any]]) -> Tuple[int, int]:
 
     mods = [m for _, root in roots for m in unwrap(root).modules() if isinstance(m, (_BatchNorm, _DropoutNd))]
     return sum(not m.training for m in mods), len(mods)
+
+
+@functools.lru_cache(maxsize=64)
+def _weights(n: int):
+    """A fixed vector of ``n`` distinct weights: a tensor's fingerprint is its dot product with it."""
+    import torch
+
+    return torch.cos(torch.arange(n, dtype=torch.float64) * 0.7071 + 0.3) + 1.5
 

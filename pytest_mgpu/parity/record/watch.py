@@ -214,10 +214,10 @@ class Watch:
         import torch
 
         with quiet():
-            grads = [g for g in self._grads() if g is not None]
+            params = [p for root in self.model_roots() for p in root.parameters() if p.requires_grad]
+            grads = [p.grad for p in params if p.grad is not None]
             self._left_gradients = any(bool(g.any()) for g in grads if not hasattr(g, "to_local"))
-            sharded = any(hasattr(g, "to_local") for g in grads) or any(
-                is_flat(p) for root in self.model_roots() for p in root.parameters())
+            sharded = any(hasattr(g, "to_local") for g in grads) or any(is_flat(p) for p in params)
             total = math.nan if sharded or not grads else float(
                 torch.stack([g.detach().double().norm() for g in grads]).norm())
         self._inputs.raw_norms.append(total)
