@@ -67,6 +67,7 @@ def test_a_precision_floor_is_named_with_its_precision(dist):
     print(line)
     assert line.startswith("likely cause: gradients differ at the level of a lower precision (bfloat16) (at step 0 "
                            "the gradients differ from the reference's at the bfloat16 level"), line
+    assert "DDP's bf16_compress_hook rounds them" in line, line
 
 
 @world_sizes(2)

@@ -102,7 +102,8 @@ def _partial(step: int, bad: List[TensorError], errs: List[TensorError], f: User
     if level:
         return Finding(step, "gradients", "all tensors", "grads-precision",
                        f"at step {step} the gradients differ from the reference's at the {level} level "
-                       f"({worst.rel:.2g} rel at most, {level}'s eps {EPS[level]:.2g})", names=(level,))
+                       f"({worst.rel:.2g} rel at most, {level}'s eps {EPS[level]:.2g})"
+                       + (f": {f.reduced_by} rounds them" if f.reduced_by else ""), names=(level,))
     if len(mods) < len(all_mods):
         by = f", all by {factor_words(k, f.world_size, f.rank_backwards)}" if k != 1.0 else ""
         missing = [e.name for e in bad if e.missing]
