@@ -233,4 +233,13 @@ def likely_causes(report: Report) -> List[str]:
     found = localise(report)
     lines = list(dict.fromkeys(said(x, f) for x in found))
     maybe = [f"possible: {h}" for h in possible_causes(report) if h]
-    return (lines + maybe) or [NO_CAUSE]
+    return (lines + maybe or [NO_CAUSE]) + skipped(f)
+
+
+def skipped(f: UserFacts) -> List[str]:
+    """What the evidence could not read, said after the causes."""
+    raw = [x for per_rank in f.rank_raw for x in per_rank]
+    if raw and not any(math.isfinite(x) for x in raw):
+        return ["skipped: the gradients as backward left them, before clipping (sharded: DTensor or FSDP1 flat "
+                "parameters); the gradients the optimizer was given were read"]
+    return []

@@ -34,11 +34,16 @@ class StopTraining(BaseException):
     """Raised from the N-th ``optimizer.step()``: ends the user's loop; caught by the runner."""
 
 
-def prefixed(roots: List[Any]) -> List[Tuple[str, Any]]:
-    """(name prefix, model): no prefix for one model; the class name (and a count where two
-    models share one) where a loop trains several, the same on both sides."""
+def prefixed(roots: List[Any], merge: bool = True) -> List[Tuple[str, Any]]:
+    """(name prefix, model): no prefix for one model, nor for several whose parameter names do not
+    collide (the stages one rank holds in an interleaved pipeline); the class name (and a count where
+    two models share one) where a loop trains several, the same on both sides; with ``merge=False``
+    the class names wherever there are several (the state no optimizer steps, named by its model)."""
     if len(roots) == 1:
         return [("", roots[0])]
+    names = [[clean_name(n) for n, _ in unwrap(root).named_parameters()] for root in roots]
+    if merge and sum(map(len, names)) == len(set().union(*map(set, names))):
+        return [("", root) for root in roots]  # parts of one model (pipeline stages of one rank): their own names
     out: List[Tuple[str, Any]] = []
     seen: Dict[str, int] = {}
     for root in roots:
@@ -86,7 +91,7 @@ class StepRecorder:
         seen = self._seen = self.watch.take_inputs()
         self.side.steps.append(StepLog(seen.loss(), grads, params, seen.rows, len(seen.losses), lrs, seen.clips,
                                        optimizer_state(optimizer), hyperparameters(optimizer),
-                                       untrained_state(prefixed(self.watch.model_roots()), named,
+                                       untrained_state(prefixed(self.watch.model_roots(), merge=False), named,
                                                        list(self.watch.stateful.values())),
                                        seen.raw_norms[-1] if seen.raw_norms else float("nan"), seen.zeroed,
                                        eval_modes(models)))
