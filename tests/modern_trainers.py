@@ -208,6 +208,28 @@ def pipeline(steps=4, micro=2, rows=8, bug=""):
         optimizer.zero_grad()
 
 
+def interleaved(steps=4, micro=2, rows=8):
+    """ScheduleInterleaved1F1B: four stages over the ranks, each rank holding every world-th one (two
+    stage modules per rank at 2 ranks, one optimizer over both)."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B
+
+    rank, world = tdist.get_rank(), tdist.get_world_size()
+    cuts, model = CUTS[4], _deep()
+    mine = [i for i in range(4) if i % world == rank]
+    mods = [model[cuts[i]:cuts[i + 1]] for i in mine]
+    stages = [PipelineStage(m, i, 4, torch.device("cpu")) for m, i in zip(mods, mine)]
+    schedule = ScheduleInterleaved1F1B(stages, n_microbatches=micro, loss_fn=F.cross_entropy)
+    optimizer = torch.optim.SGD([p for m in mods for p in m.parameters()], lr=0.1, momentum=0.9)
+    for step in range(steps):
+        x, y = batch(step, rows)
+        if rank == 0:
+            schedule.step(x, target=y)
+        else:
+            schedule.step(target=y)
+        optimizer.step()
+        optimizer.zero_grad()
+
+
 def pipeline_one_device(steps=4, rows=8, **_):
     model = _deep()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)

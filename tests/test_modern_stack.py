@@ -112,3 +112,13 @@ def test_a_pipeline_schedule_is_judged_stage_by_stage(dist):
     notes = "\n".join(report.notes)
     assert f"{dist.world_size} pipeline stages" in notes, notes
     assert report.errors("loss") and not any(e.missing for e in report.errors()), "every stage matched, the loss too"
+
+
+@world_sizes(2)
+def test_an_interleaved_pipeline_schedule_is_judged_stage_by_stage(dist):
+    """Two stage modules per rank: named as the model names them (they do not collide), so each is
+    matched to its part of the one-device model."""
+    report = dist.assert_same_training(M.interleaved, M.pipeline_one_device, steps=4, record="optimizer")
+    assert "2 pipeline stages" in " ".join(report.notes), report.notes
+    assert {e.name for e in report.errors("param") if not e.name.startswith("rank ")} >= {"0.weight", "6.weight"}
+

@@ -6,7 +6,8 @@ held out from the diagnosis work while ``benchmarks/parity_diagnosis.py`` measur
   torch lays them out; ``summon_full_params(with_grads=True)`` is not supported there);
 - DDP with ``bf16_compress_hook`` (the line takes the precision the gradients are reduced in);
 - ``ZeroRedundancyOptimizer`` over DDP (each rank's optimizer holds a shard of the state);
-- an expert-parallel MoE layer with ``all_to_all_single``."""
+- an expert-parallel MoE layer with ``all_to_all_single`` (top-1, and DeepSpeed-style top-2 with a
+  capacity, ``benchmarks/heldout2/``), FSDP1 as its tutorial writes it, ZeRO beside comm hooks."""
 import functools
 import importlib
 
@@ -17,9 +18,10 @@ from pytest_mgpu import ParityError, world_sizes
 
 @world_sizes(2)
 @pytest.mark.parametrize("family, variant", [("fsdp1", None), ("comm_hooks", "bf16"), ("zero_ddp", None),
-                                             ("moe_ep", None)])
+                                             ("moe_ep", None), ("heldout2.fsdp1_tut", None),
+                                             ("heldout2.moe_top2", None), ("heldout2.comm_hook_zero", "zero")])
 def test_correct_public_stack_passes(dist, family, variant):
-    fam = importlib.import_module(f"benchmarks.heldout.{family}")
+    fam = importlib.import_module(f"benchmarks.{family if '.' in family else 'heldout.' + family}")
     report = dist.assert_same_training(functools.partial(fam.train, variant=variant), fam.reference,
                                        dist.world_size, steps=fam.STEPS, record="optimizer")
     print(report.format().splitlines()[0])

@@ -17,7 +17,7 @@ import torch.distributed as tdist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .common import block, rank, regress_rows
+from ..heldout.common import block, rank, regress_rows
 
 DIM, HID, OUT, GLOBAL_BATCH, LR, MOMENTUM = 12, 48, 6, 16, 0.05, 0.9
 GPUS_PER_NODE = 8

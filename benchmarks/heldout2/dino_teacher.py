@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from .common import rank
+from ..heldout.common import rank
 
 IN, HID, BOTTLENECK, OUT = 12, 24, 8, 16
 BATCH, STEPS_PER_EPOCH, EPOCHS = 4, 2, 3

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from .common import reseed_apart
+from ..heldout.common import reseed_apart
 
 BATCH, LR, MOMENTUM, GAMMA, CLIP = 4, 0.05, 0.9, 0.7, 0.5
 STEPS_PER_EPOCH = 2

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import block, rank, reseed_apart
+from ..heldout.common import block, rank, reseed_apart
 
 VOCAB, DIM, HEADS, SEQ, BATCH = 32, 16, 2, 8, 4
 ACCUM, LR, WARMUP, CLIP = 2, 5e-3, 3, 0.1

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .common import rank
+from ..heldout.common import rank
 
 VOCAB, BLOCK, EMBD, HEADS, MICRO = 24, 8, 16, 2, 2
 ACCUM_PER_RANK = 2

@@ -24,7 +24,7 @@ import torch.distributed as tdist
 import torch.nn.functional as F
 from torch import nn
 
-from .common import block, rank, regress_rows
+from ..heldout.common import block, rank, regress_rows
 
 IN, D, H, OUT, TOKENS = 6, 8, 16, 4, 8
 EXPERTS_PER_RANK, CAPACITY_FACTOR, AUX, LR, MOMENTUM = 2, 1.0, 0.01, 0.1, 0.9

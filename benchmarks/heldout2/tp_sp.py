@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import rank, reseed_apart
+from ..heldout.common import rank, reseed_apart
 
 VOCAB, DIM, HEADS, FFN, SEQ, BATCH = 16, 16, 4, 32, 8, 4
 LR = 3e-3
