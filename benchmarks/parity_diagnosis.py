@@ -5,6 +5,7 @@ loops, bugs caught, and whether the first "likely cause" names the bug.
     python benchmarks/parity_diagnosis.py -k moe_ep --json out.jsonl    # some cases, rows kept
     python benchmarks/parity_diagnosis.py --analyze out.jsonl          # print a saved run again
     python benchmarks/parity_diagnosis.py --set heldout2               # the second held-out set
+    python benchmarks/parity_diagnosis.py --set heldout3 --plugin ../wt-before   # another checkout judged
 
 Method. ``benchmarks/heldout/`` holds nine trainer families written after public code (each
 module's docstring names it): per family a correct distributed loop ``train``, its correct
@@ -44,7 +45,8 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.diagnosis_report import report  # noqa: E402
 
-SETS = ("heldout", "heldout2")
+SETS = ("heldout", "heldout2", "heldout3")
+PLUGIN = ROOT  # the checkout whose pytest_mgpu is judged; --plugin picks another
 PACKAGE = "heldout"  # the family set judged; --set picks another before anything reads it
 
 
@@ -61,6 +63,7 @@ CAUGHT = ("ParityError", "StepCountError")
 
 TEST_FILE = '''
 import functools, importlib, json, os, time, pytest
+import pytest_mgpu
 
 OUT = os.environ["DIAG_OUT"]
 CASES = json.loads(os.environ["DIAG_CASES"])
@@ -72,6 +75,7 @@ def test_case(dist, case):
     fam = importlib.import_module("benchmarks." + os.environ["DIAG_PACKAGE"] + "." + case["family"])
     fn = functools.partial(fam.train, bug=case["bug"], variant=case["variant"])
     row = dict(case)
+    row["plugin"] = os.path.dirname(os.path.dirname(os.path.abspath(pytest_mgpu.__file__)))
     t0 = time.perf_counter()
     try:
         report = dist.assert_same_training(fn, fam.reference, dist.world_size, steps=fam.STEPS,
@@ -100,13 +104,29 @@ def all_cases() -> list[dict]:
     return cases
 
 
+def pythonpath() -> str:
+    """The judged checkout first, then this repo's root (the families), then what was set."""
+    parts = [str(PLUGIN)] + ([str(ROOT)] if PLUGIN != ROOT else []) + [os.environ.get("PYTHONPATH", "")]
+    return os.pathsep.join(parts)
+
+
+def check_plugin() -> None:
+    """Stop unless ``pytest_mgpu`` imports from the judged checkout in the ranks' environment."""
+    got = subprocess.run([sys.executable, "-c", "import pytest_mgpu; print(pytest_mgpu.__file__)"],
+                         env=dict(os.environ, PYTHONPATH=pythonpath()), cwd=tempfile.gettempdir(),
+                         capture_output=True, text=True, check=True).stdout.strip()
+    if Path(got).resolve().parent.parent != PLUGIN:
+        raise SystemExit(f"pytest_mgpu imports from {got}, not from {PLUGIN}")
+    print(f"plugin judged: {got}", flush=True)
+
+
 def run(cases: list[dict], out: Path) -> float:
     """Run ``cases`` in one pytest session; rows are appended to ``out``. Returns wall seconds."""
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "test_diagnosis.py").write_text(TEST_FILE)
         env = dict(os.environ, DIAG_OUT=str(out), DIAG_CASES=json.dumps(cases), DIAG_PACKAGE=PACKAGE,
                    OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
-                   PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+                   PYTHONPATH=pythonpath())
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-m", "pytest", "test_diagnosis.py", "--mgpu-fallback=cpu", "-q", "-p",
                         "no:cacheprovider", "--rootdir", tmp], env=env, cwd=tmp, check=False)
@@ -165,14 +185,18 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also keep the rows in this JSONL file")
     parser.add_argument("--analyze", type=Path, help="print the report of a saved JSONL file; run nothing")
     parser.add_argument("--set", choices=SETS, default="heldout", dest="package",
-                        help="the family set: benchmarks/heldout (default) or benchmarks/heldout2")
+                        help="the family set: benchmarks/heldout (default), heldout2 or heldout3")
+    parser.add_argument("--plugin", type=Path, default=ROOT,
+                        help="the checkout whose pytest_mgpu is judged (default: this one)")
     args = parser.parse_args()
-    global PACKAGE
+    global PACKAGE, PLUGIN
     PACKAGE = args.package
+    PLUGIN = args.plugin.resolve()
     if args.analyze:
         rows = [json.loads(line) for line in args.analyze.read_text().splitlines() if line.strip()]
         report([judge(r) for r in rows], None)
         return
+    check_plugin()
     keys = [k for k in args.k.split(",") if k]
     cases = [c for c in all_cases() if not keys or any(k in c["name"] for k in keys)]
     with tempfile.TemporaryDirectory() as tmp:
