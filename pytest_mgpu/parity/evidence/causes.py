@@ -65,6 +65,11 @@ ACCUM_WHY = "Each micro-batch's loss is backpropagated undivided, so the step's 
 SAME_LR = ("give both sides the same learning rate; DDP and FSDP average the gradients, so the one-device loop on the "
            "global batch takes the same lr")
 CLIP = "gradient clipping differs"
+RECOMPUTE = ("the forward recomputed by activation checkpointing differs from the first (random numbers drawn "
+             "again: dropout without preserve_rng_state)")
+RECOMPUTE_FIX = "checkpoint with preserve_rng_state=True (the default), and keep the recomputed forward the first's"
+RECOMPUTE_WHY = ("The loss agreed, so the forward did; backward differentiates the forward it recomputes, which "
+                 "drew other random numbers or saw other inputs.")
 TABLE: Final[Tuple[Cause, ...]] = (
     Cause("nonfinite", "non-finite weights at step 0", "initialise every parameter after to_empty() (model.apply(init) "
           "over all submodules)", "Memory never initialised: a model built on the meta device whose init does not "
@@ -129,8 +134,12 @@ TABLE: Final[Tuple[Cause, ...]] = (
           lambda x, f: bool(f.rank_batchnorm or f.batchnorm)),
     Cause("loss-other", "Dropout or other randomness", "put the model in eval() or set p=0 for the parity check",
           "The ranks draw other masks than the reference.", lambda x, f: bool(f.dropout)),
-    Cause("loss-other", "the loss is computed otherwise on the ranks", "compute the loss as the reference does (the "
-          "same loss function, targets, reduction and forward)"),
+    Cause("loss-other", "the ranks compute the loss otherwise (normalised by a local count, or missing other ranks' "
+          "terms)", "normalise by the global count (all_reduce it), gather what the loss needs from every rank with "
+          "torch.distributed.nn.functional.all_gather (it carries gradients), and reduce as the reference does",
+          "With the same weights and rows, the loss differs: a mean over this rank's tokens, boxes or rows where the "
+          "reference divides by the global count, a contrastive or global term without the other ranks' outputs, "
+          "another reduction or loss function."),
     Cause("clip-one-side", CLIP, "call torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) on both sides",
           "One side clips by hand (with a norm of its local shards) or not at all."),
     Cause("clip-ranks", CLIP, "clip on every rank, with the norm of the whole model's gradients (clip_grad_norm_ on "
@@ -165,11 +174,13 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("grads-modules", "gradients of some modules are reduced otherwise", "reduce those modules' gradients as "
           "the others' (divide a SUM by the ranks that share them)", "Expert or shared parameters summed or "
           "divided by another factor.", lambda x, f: x.value != 1.0),
+    Cause("grads-modules", RECOMPUTE, RECOMPUTE_FIX, RECOMPUTE_WHY, lambda x, f: f.recomputed),
     Cause("grads-modules", "some modules get no gradient or another one", "keep those modules in the graph as the "
           "reference does (no detach/no_grad, the same requires_grad)", "A detached branch, frozen parameters, a "
           "module skipped or computed otherwise on the ranks."),
     Cause("grads-precision", "gradients differ at the level of a lower precision", "judge with that precision "
           "(rtol= of its eps), or reduce in float32", "The ranks reduce or compute them in it."),
+    Cause("grads-other", RECOMPUTE, RECOMPUTE_FIX, RECOMPUTE_WHY, lambda x, f: f.recomputed),
     Cause("grads-other", "the gradients differ with the same weights", "make the backward the reference's",
           "A detached part, a hook that changes gradients, another reduction."),
     Cause("stage-cut", "a stage gets no gradient", "pass the activation on with .to(device), which autograd follows "

@@ -45,6 +45,7 @@ class UserFacts(RunFacts):
     ref_zeroed: List[List[int]] = field(default_factory=list)  # per step: the reference's
     rank_modes: List[List[tuple]] = field(default_factory=list)  # per step, per rank: (eval, all) BatchNorm/dropout
     ref_modes: List[tuple] = field(default_factory=list)  # per step: the reference's
+    recomputed: bool = False  # the ranks recompute forwards inside backward (activation checkpointing)
     partial_ranks: bool = False  # each rank holds part of the model (pipeline stages, experts): its optimizer too
     shards_apart: List[int] = field(default_factory=list)  # ranks whose dim-0 shard of the step-0 weights alone differs
     rank_first_norms: List[List[float]] = field(default_factory=list)  # per step, per rank: first norm clipped (NaN: none)

@@ -52,6 +52,7 @@ def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Lay
     facts.rank_modes = [[side.steps[i].modes for side in ranks] for i in range(steps)]
     facts.ref_modes = [s.modes for s in ref.steps]
     facts.partial_ranks = len(layout.stages) > 1
+    facts.recomputed = any(side.recomputed for side in ranks)
     facts.shards_apart = shards_apart(ranks[0].steps[0].params, ref.steps[0].params, len(ranks)) \
         if ranks and ranks[0].steps and ref.steps else []
     lossy = next((s for s in ranks if s.reduce_dtype), None)

@@ -147,8 +147,10 @@ def carried_over(rank: SideLog, ref: SideLog) -> str:
     gradients never zeroed between steps ("" where none)."""
     import torch
 
-    def flat(grads) -> "torch.Tensor":
-        ts = [g.double().reshape(-1) for _, g in sorted(grads.items()) if g is not None]
+    names = sorted(set(rank.steps[0].grads) & set(ref.steps[0].grads)) if rank.steps and ref.steps else []
+
+    def flat(grads) -> "torch.Tensor":  # the tensors both sides hold (a pipeline stage holds its part)
+        ts = [grads[n].double().reshape(-1) for n in names if grads.get(n) is not None]
         return torch.cat(ts) if ts else torch.zeros(0, dtype=torch.float64)
 
     for step in range(1, min(len(rank.steps), len(ref.steps))):

@@ -105,6 +105,7 @@ class SideLog:
     foreign: List[str] = field(default_factory=list)  # stepped parameters of no module run forward
     unstepped: List[str] = field(default_factory=list)  # trained model's parameters no optimizer steps
     set_epoch_calls: int = 0  # DistributedSampler.set_epoch calls seen
+    recomputed: bool = False  # modules ran forward inside backward (activation checkpointing)
     sampler_passes: int = 0  # passes over a DistributedSampler seen (0: none used)
     uncounted: int = 0  # optimizer steps that changed nothing (lr 0, no gradient): not steps
     tp_peers: List[int] = field(default_factory=list)  # ranks that share this one's batch (TP/SP dims)

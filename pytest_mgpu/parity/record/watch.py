@@ -24,7 +24,8 @@ import contextlib
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Tuple
+from types import FrameType
+from typing import Any, Dict, List, Optional, Tuple
 
 from ...timing.structure.counter import quiet
 from ..gather import full_tensor
@@ -75,6 +76,21 @@ def _first_tensor(args, kwargs):
     return None
 
 
+def pipeline_inference(depth: int = 12) -> bool:
+    """Called from a ``torch.distributed.pipelining`` stage's shape or metadata inference, which runs
+    the stage forward (and backward) once on a batch of its own before the first step."""
+    frame: Optional[FrameType] = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return False
+        name = frame.f_code.co_name
+        if ("metadata_inference" in name or "shape_inference" in name) and \
+                frame.f_globals.get("__name__", "").startswith("torch.distributed.pipelining"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 class Watch:
     """Global hooks for the duration of one loop (``installed()``); what they saw is read by the
     recorders at each step (``take_inputs``, ``loss``) and once after (``roots``, ``set_epoch_calls``)."""
@@ -85,6 +101,7 @@ class Watch:
         self.loss = None  # the scalar last passed to torch.autograd.backward (detached)
         self.autocast = ""  # the autocast dtype an outermost forward ran under ("" if none)
         self.set_epoch_calls = 0  # DistributedSampler.set_epoch calls (the rows show a repeated order)
+        self.recomputed = False  # a module ran forward inside backward (activation checkpointing)
         self.sampler_passes = 0  # passes over a DistributedSampler (0: the loop uses none)
         self._inputs = Inputs()
         self._depth = 0
@@ -95,8 +112,13 @@ class Watch:
         import torch
 
         self._depth += 1
-        if self._depth != 1 or torch._C._current_autograd_node() is not None:
-            return None  # a submodule, or a recomputation inside backward (activation checkpointing)
+        if torch._C._current_autograd_node() is not None:
+            self.recomputed = True  # a forward inside backward: activation checkpointing recomputes
+            return None
+        if self._depth != 1:
+            return None  # a submodule
+        if pipeline_inference():
+            return None  # a pipeline stage inferring its shapes on a made-up batch: not a step's rows
         if next(module.parameters(), None) is None:
             if any(b.is_floating_point() for b in module.buffers()):
                 self.stateful.setdefault(id(module), module)  # a loss module with state (DINO's center)
@@ -132,7 +154,8 @@ class Watch:
 
         def observed_backward(tensors, *args, **kwargs):
             t = tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else tensors
-            top = isinstance(t, torch.Tensor) and t.numel() == 1 and torch._C._current_autograd_node() is None
+            top = isinstance(t, torch.Tensor) and t.numel() == 1 and torch._C._current_autograd_node() is None \
+                and not pipeline_inference()
             if top:
                 watch.before_backward()
                 watch.saw_loss(t.detach(), sys._getframe(1).f_globals.get("__name__", ""))
