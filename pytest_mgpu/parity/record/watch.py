@@ -91,6 +91,23 @@ def pipeline_inference(depth: int = 12) -> bool:
     return False
 
 
+def fsdp1_clip(watch: "Watch") -> List[Tuple[Any, str, Any]]:
+    """The patch that observes FSDP1's own ``clip_grad_norm_`` method (it reduces the norm over its
+    shards), where FSDP1 is imported; none otherwise."""
+    fsdp1 = sys.modules.get("torch.distributed.fsdp.fully_sharded_data_parallel")
+    if fsdp1 is None:
+        return []
+    method = fsdp1.FullyShardedDataParallel.clip_grad_norm_
+
+    def observed_fsdp1_clip(module, max_norm, *args, **kwargs):
+        before = len(watch.clips_seen())
+        total = method(module, max_norm, *args, **kwargs)
+        if len(watch.clips_seen()) == before:  # NO_SHARD calls torch.nn.utils.clip_grad_norm_ itself
+            watch.saw_clip(total, max_norm)
+        return total
+    return [(fsdp1.FullyShardedDataParallel, "clip_grad_norm_", observed_fsdp1_clip)]
+
+
 class Watch:
     """Global hooks for the duration of one loop (``installed()``); what they saw is read by the
     recorders at each step (``take_inputs``, ``loss``) and once after (``roots``, ``set_epoch_calls``)."""
@@ -188,17 +205,7 @@ class Watch:
                    (torch.nn.utils.clip_grad, "clip_grad_norm_", observed_clip)]
         if clip_with_norm is not None:  # the public two-part API (get_total_norm, then this)
             patches.append((torch.nn.utils, "clip_grads_with_norm_", observed_clip_with_norm))
-        fsdp1 = sys.modules.get("torch.distributed.fsdp.fully_sharded_data_parallel")
-        if fsdp1 is not None:  # FSDP1's own clip_grad_norm_ method (it reduces the norm over its shards)
-            method = fsdp1.FullyShardedDataParallel.clip_grad_norm_
-
-            def observed_fsdp1_clip(module, max_norm, *args, **kwargs):
-                before = len(watch._inputs.clips)
-                total = method(module, max_norm, *args, **kwargs)
-                if len(watch._inputs.clips) == before:  # NO_SHARD calls torch.nn.utils.clip_grad_norm_ itself
-                    watch.saw_clip(total, max_norm)
-                return total
-            patches.append((fsdp1.FullyShardedDataParallel, "clip_grad_norm_", observed_fsdp1_clip))
+        patches += fsdp1_clip(watch)
         saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
         for owner, name, patched in patches:
             setattr(owner, name, patched)
@@ -247,6 +254,10 @@ class Watch:
 
     def _grads(self) -> List[Any]:
         return [p.grad for root in self.model_roots() for p in root.parameters() if p.requires_grad]
+
+    def clips_seen(self) -> List[Tuple[float, float, bool]]:
+        """The clippings seen in the step under way."""
+        return self._inputs.clips
 
     def saw_clip(self, total, max_norm) -> None:
         with quiet():
