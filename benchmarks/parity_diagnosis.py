@@ -1,7 +1,7 @@
 """How well ``dist.assert_same_training`` diagnoses held-out training bugs: false alarms on correct
 loops, bugs caught, and whether the first "likely cause" names the bug.
 
-    nice -n 5 python benchmarks/parity_diagnosis.py                    # all 65 cases, ~1.5-4 min on 2 cores
+    nice -n 5 python benchmarks/parity_diagnosis.py                    # the first set: 65 cases, ~1 min on 2 cores
     python benchmarks/parity_diagnosis.py -k moe_ep --json out.jsonl    # some cases, rows kept
     python benchmarks/parity_diagnosis.py --analyze out.jsonl          # print a saved run again
     python benchmarks/parity_diagnosis.py --set heldout2               # the second held-out set
