@@ -1,11 +1,11 @@
-"""Check that every bug of a ``benchmarks/heldout2`` family changes the training: run the correct loop,
+"""Check that every bug of a held-out family (``benchmarks/heldout2``, ``heldout3``) changes the training: run the correct loop,
 its variants and every bug at 2 ranks (plain ``torch.multiprocessing`` + gloo, no pytest-mgpu), record
 the parameters after each ``optimizer.step()`` and every scalar backpropagated, and print per bug the
 largest relative parameter difference from the correct run (final step and any step) and the largest
 relative loss difference. Also prints rank 0's final parameters against the one-device reference where
 both list the same shapes.
 
-    OMP_NUM_THREADS=1 python benchmarks/heldout2_bugcheck.py moe_top2 [world_size]
+    OMP_NUM_THREADS=1 python benchmarks/heldout_bugcheck.py heldout2.moe_top2 [world_size]
 """
 import importlib, os, sys, traceback, tempfile  # noqa: E401
 import torch, torch.distributed as dist, torch.multiprocessing as mp
@@ -29,7 +29,7 @@ def body(r, w, fam, cases, initfile, out_dir):
     OUT = out_dir
     os.environ["OMP_NUM_THREADS"] = "1"; torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="file://" + initfile, rank=r, world_size=w)
-    mod = importlib.import_module("benchmarks.heldout2." + fam)
+    mod = importlib.import_module("benchmarks." + fam)
     losses = []
     orig = torch.Tensor.backward
     def bw(self, *a, **k):
@@ -55,7 +55,7 @@ def body(r, w, fam, cases, initfile, out_dir):
     dist.destroy_process_group()
 
 def ref(fam, w):
-    mod = importlib.import_module("benchmarks.heldout2." + fam)
+    mod = importlib.import_module("benchmarks." + fam)
     torch.manual_seed(0); store = []; h = capture(store)
     mod.reference(w); h.remove(); return store
 
@@ -70,9 +70,9 @@ def diff(a, b):
     return out
 
 if __name__ == "__main__":
-    OUT = tempfile.mkdtemp(prefix="heldout2_bugcheck_")
+    OUT = tempfile.mkdtemp(prefix="heldout_bugcheck_")
     fam = sys.argv[1]; w = int(sys.argv[2]) if len(sys.argv) > 2 else 2
-    mod = importlib.import_module("benchmarks.heldout2." + fam)
+    mod = importlib.import_module("benchmarks." + fam)
     cases = [(None, None)] + [(None, v) for v in mod.CORRECT if v != "default"] if w == 2 else [(None, None)]
     if w == 2:
         cases += [(b, None) for b in mod.BUGS]
