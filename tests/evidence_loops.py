@@ -82,7 +82,7 @@ def hand_dp(world_size: int, bug: str = "", steps: int = 4, micro: int = 1) -> N
             with torch.no_grad():
                 net.head.weight.mul_(1.01)  # a change outside the optimizer, on one rank
         if teacher is not None and not (bug == "ema_rank0_only" and _rank() != 0):
-            teacher.update(net)
+            teacher.update(net, momentum=0.8 if bug == "ema_momentum" else 0.9)
 
 
 def reference(world_size: int, bug: str = "", steps: int = 4, micro: int = 1) -> None:

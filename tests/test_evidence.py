@@ -39,6 +39,9 @@ CASES = {
                            "the ranks was zero again before backward pass 2", "Fix: call optimizer.zero_grad() once"),
     "ema_rank0_only": (1, "likely cause: state no optimizer steps differs between ranks", "(rank 1 vs rank 0: "
                                                                                           "Teacher.net."),
+    "ema_momentum": (1, "likely cause: state no optimizer steps (an EMA teacher, buffers) is updated otherwise than "
+                        "in the reference (before step 1 the state no optimizer steps differs from the reference's",
+                     "(Teacher.net.body.weight, "),
 }
 
 

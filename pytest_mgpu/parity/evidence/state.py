@@ -210,12 +210,12 @@ def _untrained(f: UserFacts) -> Optional[Finding]:
         ref = f.ref_untrained[step] if step < len(f.ref_untrained) else {}
         apart = _apart(first, ref)
         if apart and step > 0:
+            before = f.untrained[step - 1][0] if f.untrained[step - 1] else {}
+            agreed = not _apart(before, f.ref_untrained[step - 1]) if step - 1 < len(f.ref_untrained) else False
             return Finding(step, "state", "some modules", "untrained-other",
                            f"before step {step} the state no optimizer steps differs from the reference's "
-                           f"({listed(apart)}), while it agreed before step {step - 1}"
-                           if _apart(f.untrained[step - 1][0], f.ref_untrained[step - 1]) == [] else
-                           f"before step {step} the state no optimizer steps differs from the reference's "
-                           f"({listed(apart)})", names=tuple(apart))
+                           f"({listed(apart)})" + (f", while it agreed before step {step - 1}" if agreed else ""),
+                           names=tuple(apart))
     return None
 
 
