@@ -10,19 +10,12 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Dict, Final, List, Literal, Optional, Tuple, get_args
+from typing import Any, Final, List, Literal, Optional, Tuple, get_args
 
 from ..records import TensorError
 
 Phase = Literal["state", "inputs", "loss", "gradients", "update"]
 PHASES: Final[Tuple[Phase, ...]] = get_args(Phase)
-PHASE_WORDS: Final[Dict[Phase, str]] = {
-    "state": "the state before the step (weights, learning rate, optimizer state)",
-    "inputs": "the rows each rank fed",
-    "loss": "the loss",
-    "gradients": "the gradients the optimizer was given",
-    "update": "the update",
-}
 # How a phase differs: between ranks that should agree (one rank alone), by one factor, in some
 # modules only, in some rows, or in a value read exactly (a learning rate, a step counter).
 How = Literal["one rank alone", "a uniform factor", "some modules", "certain rows", "a value", "all tensors"]
@@ -76,12 +69,6 @@ def over(report: Report, step: int, kind: str, replicas: Optional[bool] = None) 
         return []
     return [e for e in report.records[step].errors if e.kind == kind and not report.tolerance.passes(e, step)
             and (replicas is None or (replica_of(e) is not None) == replicas)]
-
-
-def compared(report: Report, step: int, kind: str, replicas: bool = False) -> List[TensorError]:
-    if step >= len(report.records):
-        return []
-    return [e for e in report.records[step].errors if e.kind == kind and (replica_of(e) is not None) == replicas]
 
 
 def common_factor(ratios: List[float]) -> float:

@@ -20,14 +20,13 @@ backpropagated since the previous step (``watch.Inputs.loss``): gradient accumul
 from __future__ import annotations
 
 import contextlib
-import functools
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ...timing.structure.counter import quiet
 from .mesh import tp_peers
 from .recorder import SideLog, StepLog, clean_name, describe, dtype_name, fsdp1_full_params, full_copy, unwrap
 from .fsdp1_flat import expand, is_flat, units
-from .watch import Inputs, Watch
+from .watch import Inputs, Watch, weights
 
 
 class StopTraining(BaseException):
@@ -41,7 +40,7 @@ def prefixed(roots: List[Any], merge: bool = True) -> List[Tuple[str, Any]]:
     the class names wherever there are several (the state no optimizer steps, named by its model)."""
     if len(roots) == 1:
         return [("", roots[0])]
-    names = [[clean_name(n) for n, _ in unwrap(root).named_parameters()] for root in roots]
+    names = [[clean_name(n) for n, _ in unwrap(root).named_parameters()] for root in roots] if merge else []
     if merge and sum(map(len, names)) == len(set().union(*map(set, names))):
         return [("", root) for root in roots]  # parts of one model (pipeline stages of one rank): their own names
     out: List[Tuple[str, Any]] = []
@@ -289,7 +288,7 @@ def untrained_state(roots: List[Tuple[str, Any]], stepped: List[Tuple[str, Any]]
         tensors += [(f"{type(module).__name__}.{n}", t) for n, t in module.named_buffers()]
     for name, t in tensors:
         if t.is_floating_point() and not hasattr(t, "to_local") and t.numel():
-            out[clean_name(name)] = float(t.detach().reshape(-1).to("cpu", torch.float64) @ _weights(t.numel()))
+            out[clean_name(name)] = float(t.detach().reshape(-1).to("cpu", torch.float64) @ weights(t.numel()))
     return out
 
 
@@ -301,12 +300,3 @@ def eval_modes(roots: List[Tuple[str, Any]]) -> Tuple[int, int]:
 
     mods = [m for _, root in roots for m in unwrap(root).modules() if isinstance(m, (_BatchNorm, _DropoutNd))]
     return sum(not m.training for m in mods), len(mods)
-
-
-@functools.lru_cache(maxsize=64)
-def _weights(n: int):
-    """A fixed vector of ``n`` distinct weights: a tensor's fingerprint is its dot product with it."""
-    import torch
-
-    return torch.cos(torch.arange(n, dtype=torch.float64) * 0.7071 + 0.3) + 1.5
-

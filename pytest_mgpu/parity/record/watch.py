@@ -21,6 +21,7 @@ passes cannot tell this, since it reads the batch size with ``next(iter(loader))
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import sys
 from dataclasses import dataclass, field
@@ -63,8 +64,15 @@ def fingerprint(x) -> List[float]:
     if x.dim() == 0 or x.shape[0] == 0:
         return []
     flat = x.detach().reshape(x.shape[0], -1).to("cpu", torch.float64)
-    weights = torch.cos(torch.arange(flat.shape[1], dtype=torch.float64) * 0.7071 + 0.3) + 1.5
-    return [float(v) for v in flat @ weights]
+    return [float(v) for v in flat @ weights(flat.shape[1])]
+
+
+@functools.lru_cache(maxsize=64)
+def weights(n: int):
+    """A fixed float64 vector of ``n`` distinct entries: a fingerprint is a dot product with it."""
+    import torch
+
+    return torch.cos(torch.arange(n, dtype=torch.float64) * 0.7071 + 0.3) + 1.5
 
 
 def _first_tensor(args, kwargs):
@@ -234,7 +242,7 @@ class Watch:
         """A later backward pass of a step, after one that left gradients: were they all zeroed since?"""
         if self._inputs.losses and self._left_gradients:
             with quiet():
-                grads = [g for g in self._grads() if g is not None]
+                grads = [g for g in self._grads() if g is not None and not hasattr(g, "to_local")]
                 if not any(bool(g.any()) for g in grads):
                     self._inputs.zeroed.append(len(self._inputs.losses) + 1)
 
@@ -248,8 +256,7 @@ class Watch:
             grads = [p.grad for p in params if p.grad is not None]
             self._left_gradients = any(bool(g.any()) for g in grads if not hasattr(g, "to_local"))
             sharded = any(hasattr(g, "to_local") for g in grads) or any(is_flat(p) for p in params)
-            total = math.nan if sharded or not grads else float(
-                torch.stack([g.detach().double().norm() for g in grads]).norm())
+            total = math.nan if sharded or not grads else float(torch.nn.utils.get_total_norm(grads))
         self._inputs.raw_norms.append(total)
 
     def _grads(self) -> List[Any]:
