@@ -138,6 +138,12 @@ TABLE: Final[Tuple[Cause, ...]] = (
           lambda x, f: bool(f.rank_batchnorm or f.batchnorm)),
     Cause("loss-other", "Dropout or other randomness", "put the model in eval() or set p=0 for the parity check",
           "The ranks draw other masks than the reference.", lambda x, f: bool(f.dropout)),
+    Cause("loss-other", "the forward of the layers sharded by hand computes otherwise", "in each tensor-parallel "
+          "layer, reduce the partial outputs exactly once (an all_reduce in the forward of the row-parallel layer, "
+          "none in the column-parallel one), add a row-parallel bias once after that reduce, and split heads and "
+          "widths by the group size alike on every rank", "With the same weights and rows, the loss differs: the "
+          "forward through the pieces is not the whole layer's (a reduce missing or doubled, a bias added on every "
+          "rank, a head count or width not divided by the group size).", lambda x, f: bool(f.hand_sharded)),
     Cause("loss-other", "the ranks compute the loss otherwise (normalised by a local count, or missing other ranks' "
           "terms)", "normalise by the global count (all_reduce it), gather what the loss needs from every rank with "
           "torch.distributed.nn.functional.all_gather (it carries gradients), and reduce as the reference does",

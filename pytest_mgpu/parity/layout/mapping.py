@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ..record.recorder import SideLog, StepLog
 from .groups import Layout
 from .names import NameMap, name_map, rename
-from .shards import Shards, Sharding, describe, find, gather, pieces_off, stated, validate
+from .shards import Shards, Sharding, describe, find, gather, pieces_off, slice_held, stated, validate
 
 
 @dataclass
@@ -93,13 +93,15 @@ def map_sides(ranks: List[SideLog], ref: SideLog, shards: Optional[Shards] = Non
 
 def _misread(sharding: Sharding, off: Dict[str, List[int]], rank0: Dict[str, Any], ref: Dict[str, Any]) -> None:
     """Tensors found by shape whose pieces, put together in rank order, are not the reference's
-    starting weights on any rank, while every whole tensor the ranks hold starts as the reference's:
-    a layout shapes cannot tell (a fused qkv weight whose q, k, v slices interleave), so not a
-    comparison that was made. They move to ``mismatched``, asking for ``shards=``."""
+    starting weights on any rank, and whose rank-0 piece is no slice of it at all, while every whole
+    tensor the ranks hold starts as the reference's: a layout shapes cannot tell (a fused qkv weight
+    whose q, k, v slices interleave), so not a comparison that was made. They move to
+    ``mismatched``, asking for ``shards=``. (Pieces that are slices in the wrong places are a bug.)"""
     import torch
 
-    every = [n for n, r in sharding.rules.items() if not r.stated and
-             set(off.get(n, ())) >= {g[0] for g in sharding.groups[r.k]}]
+    every = [n for n, r in sharding.rules.items() if not r.stated and r.dim is not None
+             and set(off.get(n, ())) >= {g[0] for g in sharding.groups[r.k]}
+             and slice_held(rank0[n], ref[n], r.dim, r.k) is None]
     if not every:
         return
     whole = [n for n in ref if n not in sharding.rules and rank0.get(n) is not None and ref[n] is not None]
