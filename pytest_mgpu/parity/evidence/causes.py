@@ -190,6 +190,12 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "the others' (divide a SUM by the ranks that share them)", "Expert or shared parameters summed or "
           "divided by another factor.", lambda x, f: x.value != 1.0),
     Cause("grads-modules", RECOMPUTE, RECOMPUTE_FIX, RECOMPUTE_WHY, lambda x, f: f.recomputed),
+    Cause("grads-modules", "the backward through the layers sharded by hand computes otherwise", "reduce each "
+          "gradient exactly once over the tensor-parallel group: the input's gradient in the backward of the "
+          "copy-to-region function, none in the reduce-from-region one; and reduce over the data-parallel group "
+          "only (not the tensor-parallel one) what data parallelism shares", "With the same weights, some modules' "
+          "gradients differ: an all_reduce missing, doubled, or over the wrong group in a backward of the parallel "
+          "region.", lambda x, f: bool(f.hand_sharded)),
     Cause("grads-modules", "some modules get no gradient or another one", "keep those modules in the graph as the "
           "reference does (no detach/no_grad, the same requires_grad)", "A detached branch, frozen parameters, a "
           "module skipped or computed otherwise on the ranks."),
