@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from .common import gen
 
-SEED, ROWS, DIM, CLASSES, BATCH, MAX_LR, EPOCHS, MAX_NORM = 17, 48, 16, 4, 4, 0.2, 2, 2.0
+SEED, ROWS, DIM, CLASSES, BATCH, MAX_LR, EPOCHS, MAX_NORM = 17, 48, 16, 4, 4, 0.2, 3, 2.0
 STEPS = 8
 VAL_EVERY = 4
 USE_AMP = False  # the recipe's ``use_amp`` switch: bfloat16 autocast disagrees with one device at bf16 level

@@ -12,7 +12,8 @@ of every batch and the loss is averaged across processes); the model is built fr
 "Create a custom architecture" page does (``GPT2Config(...)``, ``GPT2LMHeadModel(config)``; no
 download). The group is already up, so the Trainer finds the torchrun variables and joins it.
 ``optim="sgd"`` and no gradient clipping keep a gradient-scale error visible (AdamW normalises it).
-A step is one ``optimizer.step()``: four steps of two micro-batches.
+A step is one ``optimizer.step()``: five steps of two micro-batches, the first with lr 0 (the warm-up
+starts at 0), which the plugin does not count: ``STEPS = 4``.
 """
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ import torch
 from .common import rank, tokens, torchrun_env
 
 SEED, ROWS, LENGTH, VOCAB, BATCH, LR, WD = 7, 48, 8, 32, 2, 0.5, 0.01
-STEPS = 4
+STEPS = 4  # steps that train: the warm-up's first step has lr 0 and the plugin does not count it
+TOTAL = STEPS + 1  # optimizer steps taken (max_steps)
 WARMUP = 2
 CORRECT = {"default": (2, 4), "noaccum": (2,)}
 BUGS = {
@@ -77,7 +79,7 @@ def train(world_size: int, bug: str | None = None, variant: str | None = None) -
     args = TrainingArguments(
         output_dir=tempfile.mkdtemp(prefix="ho4_hf_"), per_device_train_batch_size=batch,
         gradient_accumulation_steps=k, learning_rate=LR * world_size if bug == "lr_scaled_world" else LR,
-        lr_scheduler_type="linear", warmup_steps=WARMUP, max_steps=STEPS, weight_decay=WD, optim="sgd",
+        lr_scheduler_type="linear", warmup_steps=WARMUP, max_steps=TOTAL, weight_decay=WD, optim="sgd",
         max_grad_norm=0.0, seed=SEED + rank() if bug == "seed_per_rank" else SEED, use_cpu=True,
         ddp_backend="gloo", report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True,
         dataloader_num_workers=0)
@@ -99,11 +101,11 @@ def reference(world_size: int) -> None:
     groups = [{"params": [p for n, p in named if n in decay], "weight_decay": WD},
               {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
     optimizer = torch.optim.SGD(groups, lr=LR)
-    scheduler = get_scheduler("linear", optimizer, num_warmup_steps=WARMUP, num_training_steps=STEPS)
+    scheduler = get_scheduler("linear", optimizer, num_warmup_steps=WARMUP, num_training_steps=TOTAL)
     data = examples()
     steps, epoch = 0, 0
     model.train()
-    while steps < STEPS:
+    while steps < TOTAL:
         order = torch.randperm(ROWS, generator=torch.Generator().manual_seed(SEED + epoch)).tolist()
         epoch += 1
         for i in range(0, ROWS // (BATCH * world_size)):
@@ -116,5 +118,5 @@ def reference(world_size: int) -> None:
                 scheduler.step()
                 optimizer.zero_grad()
                 steps += 1
-                if steps == STEPS:
+                if steps == TOTAL:
                     return
