@@ -6,6 +6,7 @@ loops, bugs caught, and whether the first "likely cause" names the bug.
     python benchmarks/parity_diagnosis.py --analyze out.jsonl          # print a saved run again
     python benchmarks/parity_diagnosis.py --set heldout2               # the second held-out set
     python benchmarks/parity_diagnosis.py --set heldout3 --plugin ../wt-before   # another checkout judged
+    python benchmarks/parity_diagnosis.py --set heldout4               # Lightning, accelerate, transformers, peft
     python benchmarks/parity_diagnosis.py --set heldout5               # hand-sharded TP, EP MoE, AMP, ...
 
 Method. ``benchmarks/heldout/`` holds nine trainer families written after public code (each
@@ -48,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.diagnosis_report import report  # noqa: E402
 
-SETS = ("heldout", "heldout2", "heldout3", "heldout5")
+SETS = ("heldout", "heldout2", "heldout3", "heldout4", "heldout5")
 PLUGIN = ROOT  # the checkout whose pytest_mgpu is judged; --plugin picks another
 PACKAGE = "heldout"  # the family set judged; --set picks another before anything reads it
 
@@ -192,7 +193,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also keep the rows in this JSONL file")
     parser.add_argument("--analyze", type=Path, help="print the report of a saved JSONL file; run nothing")
     parser.add_argument("--set", choices=SETS, default="heldout", dest="package",
-                        help="the family set: benchmarks/heldout (default), heldout2, heldout3 or heldout5")
+                        help="the family set: benchmarks/heldout (default), heldout2, heldout3, heldout4 or heldout5")
     parser.add_argument("--plugin", type=Path, default=ROOT,
                         help="the checkout whose pytest_mgpu is judged (default: this one)")
     args = parser.parse_args()
