@@ -40,8 +40,22 @@ class Mapped:
         """Some tensor could not be compared: the verdict cannot rest on the rest."""
         return bool(self.unmapped or self.missing or self.mismatched)
 
+    @property
+    def fewer(self) -> bool:
+        """Every tensor of every rank mapped, and the reference trains more: not a mapping that failed
+        but a fact of the run (the ranks' optimizer steps fewer parameters)."""
+        return bool(self.missing) and not (self.unmapped or self.mismatched or self.layout.pipeline
+                                           or self.layout.expert_parallel)
+
     def failure(self) -> str:
-        """What could not be mapped, and how to map it (the failure's first lines, no cause)."""
+        """What could not be mapped, and how to map it (the failure's first lines, no cause); or,
+        where the ranks simply train fewer parameters, that cause."""
+        if self.fewer:
+            return (f"the ranks' optimizer steps fewer parameters than reference_fn's: {len(self.missing)} of the "
+                    f"reference's trained tensor(s) are stepped on no rank (e.g. {', '.join(self.missing[:3])})\n"
+                    "likely cause: the ranks train fewer parameters than the reference. Fix: give the ranks' "
+                    "optimizer the same parameters as the one-device loop's (a module frozen, left out of the "
+                    "optimizer's groups, or a wrapper's trainable copy such as peft's modules_to_save missing)")
         parts = []
         if self.mismatched:
             name, how = next(iter(self.mismatched.items()))
