@@ -80,7 +80,9 @@ class Dist:
         process group up (NCCL on GPUs, gloo on CPU ranks).
 
         Args:
-            fn: A module-level function: the ranks import it by name; arguments and value are pickled.
+            fn: A function. A module-level one travels by name (the ranks import it); a nested function,
+                lambda or ``functools.partial`` travels by value with what it captures (cloudpickle).
+                Arguments and value are pickled.
             *args: Positional arguments of ``fn``.
             timeout: Seconds this call may take before its ranks are reported hung and killed. None:
                 the test's ``mgpu_timeout`` marker, else ``--mgpu-timeout`` (default 300).
@@ -104,7 +106,7 @@ class Dist:
 
         Args:
             nprocs: How many ranks to start (a positive integer).
-            fn: A module-level function, as for ``run``.
+            fn: A function, as for ``run``.
             *args: Positional arguments of ``fn``.
             timeout: Seconds this call may take, as for ``run``.
             **kwargs: Keyword arguments of ``fn``.
@@ -127,7 +129,7 @@ class Dist:
         model parallel within a process); ``rank_context().devices`` lists them.
 
         Args:
-            fn: A module-level function, as for ``run``.
+            fn: A function, as for ``run``.
             *args: Positional arguments of ``fn``.
             timeout: Seconds this call may take, as for ``run``.
             **kwargs: Keyword arguments of ``fn``.
@@ -145,7 +147,7 @@ class Dist:
         backend the devices cannot run ("nccl" on CPU ranks) runs as gloo, with a RuntimeWarning.
 
         Args:
-            fn: A module-level function taking the rank first, as ``mp.spawn`` calls it.
+            fn: A function taking the rank first, as ``mp.spawn`` calls it.
             *args: Its arguments after the rank.
             **kwargs: Its keyword arguments.
 
@@ -168,7 +170,7 @@ class Dist:
         callable, that is the step timed and ``fn`` was its setup, else ``fn`` itself is the step.
 
         Args:
-            fn: A module-level function, as for ``run``.
+            fn: A function, as for ``run``.
             *args: Positional arguments of ``fn``.
             warmup: Untimed iterations first. None: until two iterations agree within 10%.
             repeat: Timed iterations. None: enough for ``min_run_time`` seconds, at least 5.
@@ -209,8 +211,8 @@ class Dist:
         Args:
             strategy: "ddp", "fsdp", "dp", "model_parallel" or "pipeline"; or your own parallel
                 module's constructor, built in one process that sees all the test's devices.
-            model_fn: Module-level; builds the model (same seed on every side).
-            batch_fn: Module-level; ``batch_fn(step) -> (inputs, targets)``, the step's global batch.
+            model_fn: Builds the model (same seed on every side).
+            batch_fn: ``batch_fn(step) -> (inputs, targets)``, the step's global batch.
             loss_fn: ``loss_fn(outputs, targets)``. None: mean cross entropy.
             optimizer_fn: ``optimizer_fn(params)``. None: SGD, lr 0.05, momentum 0.9 (Adam hides
                 gradient-scale errors).
@@ -262,8 +264,8 @@ class Dist:
         step: the ranks' mean loss and rank 0 against the reference, every rank against rank 0.
 
         Args:
-            fn: Module-level; your loop for the ranks (DDP, FSDP, hand-written all_reduce ...).
-            reference_fn: Module-level; the same training on one device, on the ranks' rows together.
+            fn: Your loop for the ranks (DDP, FSDP, hand-written all_reduce ...).
+            reference_fn: The same training on one device, on the ranks' rows together.
             *args: Passed to both.
             steps: Steps compared; each side must take exactly this many (else StepCountError).
             record: What a step is. "log": both loops are called ``f(log, *args, steps=steps,
@@ -303,7 +305,7 @@ class Dist:
         sharing one: ``checkpoint_dir()``). The resumed steps must train like the uninterrupted ones.
 
         Args:
-            fn: Module-level; your trainer, ``fn(*args, **kwargs)`` with the process group up.
+            fn: Your trainer, ``fn(*args, **kwargs)`` with the process group up.
             *args: Passed to ``fn``.
             steps: Optimizer steps of the whole run (N).
             stop_after: The interrupted run stops as its step ``stop_after + 1`` begins (K < N).
