@@ -199,6 +199,25 @@ def dist(request):
         item.user_properties.append(("mgpu_startup_s", [round(c.startup_s, 4) for c in handle.calls if c.ok]))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """``world_sizes(..., body="ranks")``: the test function runs in each of its ranks, not here."""
+    if pyfuncitem.get_closest_marker(markers.BODY_IN_RANKS) is None:
+        return None
+    __tracebackhide__ = True
+    from .body import BodyError, rank_body
+    from .launch.errors import RankFailure
+
+    handle = pyfuncitem.funcargs["dist"]
+    try:
+        handle.run(rank_body(pyfuncitem.obj, pyfuncitem.funcargs, pyfuncitem.nodeid))
+    except (BodyError, RankFailure) as exc:  # the ranks' tracebacks are the story, not our frames
+        failure = str(exc)
+    else:
+        return True
+    pytest.fail(failure, pytrace=False)  # outside the except block: no chained exception
+
+
 def _test_timeout(item, session: MgpuSession):
     """The test's limit per dist call: its ``mgpu_timeout`` marker, else --mgpu-timeout / ini."""
     problem: Optional[str]
