@@ -29,6 +29,7 @@ class CallRecord:
     startup_s: float
     wall_s: float
     ok: bool
+    lane: bool = False  # timed by the revision lane's own ranks: a call, whose start-up is not the test's
 
 
 @dataclass
@@ -80,9 +81,8 @@ class Dist:
         process group up (NCCL on GPUs, gloo on CPU ranks).
 
         Args:
-            fn: A function. A module-level one travels by name (the ranks import it); a nested function,
-                lambda or ``functools.partial`` travels by value with what it captures (cloudpickle).
-                Arguments and value are pickled.
+            fn: Module-level (travels by name), or nested, a lambda, a ``functools.partial`` (travels
+                by value with what it captures: cloudpickle). Arguments and value are pickled.
             *args: Positional arguments of ``fn``.
             timeout: Seconds this call may take before its ranks are reported hung and killed. None:
                 the test's ``mgpu_timeout`` marker, else ``--mgpu-timeout`` (default 300).
@@ -194,9 +194,12 @@ class Dist:
         __tracebackhide__ = True
         from .timing.measure import benchmark
 
-        return benchmark(self, fn, *args, warmup=warmup, repeat=repeat, name=name, batch_size=batch_size,
-                         strategy=strategy, group=group, params=params, single_process=single_process,
-                         min_run_time=min_run_time, timeout=timeout, global_batch=global_batch, **kwargs)
+        m = benchmark(self, fn, *args, warmup=warmup, repeat=repeat, name=name, batch_size=batch_size,
+                      strategy=strategy, group=group, params=params, single_process=single_process,
+                      min_run_time=min_run_time, timeout=timeout, global_batch=global_batch, **kwargs)
+        if m.lane_only:  # the lane's head turns are the measurement: the test made this call through it
+            self.calls.append(CallRecord(self.world_size, 0.0, m.revision.wall_s if m.revision else 0.0, True, True))
+        return m
 
     def assert_parity(self, strategy: Union[str, Callable[..., Any]], model_fn: Callable[..., Any],
                       batch_fn: Callable[..., Any], *, loss_fn: Optional[Callable[..., Any]] = None,
@@ -393,8 +396,5 @@ class Dist:
 
     def _echo(self, logs: Sequence[str]) -> None:
         """Rank output goes to the test's stdout, so pytest captures and shows it per test."""
-        if not self.echo_output:
-            return
-        for rank, text in enumerate(logs):
-            for line in text.splitlines():
-                sys.stdout.write(f"[rank {rank}] {line}\n")
+        for rank, text in enumerate(logs if self.echo_output else ()):
+            sys.stdout.writelines(f"[rank {rank}] {line}\n" for line in text.splitlines())
