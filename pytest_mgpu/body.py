@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import types
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 from .launch.byvalue import BadCallError
 
@@ -66,3 +66,14 @@ def _check_fixtures(kwargs: Dict[str, Any], nodeid: str) -> None:
                 "the ranks takes fixtures that pickle (tmp_path, parametrize values, plain data); build "
                 "the rest inside the test, or drop body=\"ranks\" and call dist.run from the test."
             ) from None
+
+
+SKIPPED = ("raised Skipped: ", "raised _pytest.outcomes.Skipped: ")
+
+
+def skip_reason(summaries: Sequence[str]) -> Optional[str]:
+    """The reason when every failing rank called ``pytest.skip`` (the test skips, as it would in one
+    process); None when any rank failed otherwise."""
+    if not summaries or not all(s.startswith(SKIPPED) for s in summaries):
+        return None
+    return summaries[0].split(": ", 1)[1]

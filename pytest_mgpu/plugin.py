@@ -205,16 +205,21 @@ def pytest_pyfunc_call(pyfuncitem):
     if pyfuncitem.get_closest_marker(markers.BODY_IN_RANKS) is None:
         return None
     __tracebackhide__ = True
-    from .body import BodyError, rank_body
+    from .body import BodyError, rank_body, skip_reason
     from .launch.errors import RankFailure
 
     handle = pyfuncitem.funcargs["dist"]
+    skipped: Optional[str] = None
     try:
         handle.run(rank_body(pyfuncitem.obj, pyfuncitem.funcargs, pyfuncitem.nodeid))
     except (BodyError, RankFailure) as exc:  # the ranks' tracebacks are the story, not our frames
         failure = str(exc)
+        if isinstance(exc, RankFailure):
+            skipped = skip_reason([p.summary for p in exc.problems])
     else:
         return True
+    if skipped is not None:
+        pytest.skip(skipped)
     pytest.fail(failure, pytrace=False)  # outside the except block: no chained exception
 
 

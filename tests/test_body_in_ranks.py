@@ -39,6 +39,10 @@ class TestInClass:
         assert rank_context().world_size == td.get_world_size() == 2
 
 @world_sizes(2, body="ranks")
+def test_skips_in_every_rank():
+    pytest.skip("not on this backend")
+
+@world_sizes(2, body="ranks")
 def test_rank_one_is_wrong():
     assert expected(td.get_rank()) == 0
 
@@ -54,8 +58,9 @@ def test_takes_dist(dist):
 
 def test_the_body_runs_in_every_rank(pytester):
     pytester.makepyfile(TESTS)
-    result = pytester.runpytest("--mgpu-fallback=cpu")
-    result.assert_outcomes(passed=2, failed=3)
+    result = pytester.runpytest("--mgpu-fallback=cpu", "-rs")
+    result.assert_outcomes(passed=2, failed=3, skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED * not on this backend"])
     out = result.stdout.str()
     # the failing rank, named, with pytest's rewritten comparison from inside the rank
     result.stdout.fnmatch_lines(["*1 rank(s) failed (raised) in *test_rank_one_is_wrong[[]gpu2[]]*rank(s) 1",
