@@ -2,9 +2,11 @@
 
 Only project-wide collection rules live here, among them the docs tester: ``python -m pytest
 README.md docs/`` collects every ```python block of README.md and of the pages under docs/ with
-Sybil (docs/design/docs-tester.md says why Sybil, and how a page runs). Each page's blocks are
-copied, in order, into one test file, as a reader would copy them, and ``pytest --mgpu-fallback=cpu``
-runs that file once; each block that defines tests passes or fails with them. Output-only blocks are fenced ```text or
+Sybil (docs/design/docs-tester.md says why Sybil, and how a page runs). Each block runs alone, as a
+reader who pastes it into a file of its own would run it, unless the line before its fence is
+``<!-- continues -->``: then it continues the block before it, in the same file. One
+``pytest --mgpu-fallback=cpu`` per page runs those files; each block that defines tests passes or
+fails with them. Output-only blocks are fenced ```text or
 ```console and are not run.
 """
 from __future__ import annotations
@@ -58,57 +60,93 @@ def pytest_collect_file(file_path, parent):
             language = "python"
 
             def evaluate(self, example):
-                PythonEvaluator()(example)  # here first: a module-level error names the block's own line
-                blocks = [str(region.parsed) for _, region in example.document.regions]
-                return run_block(example.namespace, Path(example.path), blocks, str(example.parsed))
+                chunks = _chunks(example.document)
+                index = next(i for i, chunk in enumerate(chunks) if any(r is example.region for r in chunk))
+                page_namespace = example.namespace
+                example.namespace = page_namespace.setdefault("chunk_namespaces", {}).setdefault(index, {})
+                try:  # here first: a module-level error names the block's own line
+                    PythonEvaluator()(example)
+                finally:
+                    example.namespace = page_namespace
+                sources = [[str(region.parsed) for region in chunk] for chunk in chunks]
+                return run_block(page_namespace, Path(example.path), sources, index, str(example.parsed))
 
         _sybil_hook = Sybil(parsers=[PageBlocks()], patterns=["*.md"],
                             teardown=_remove_page).pytest()
     return _sybil_hook(file_path, parent)
 
 
-def run_block(namespace: dict, page: Path, blocks: List[str], source: str) -> Optional[str]:
+CONTINUES = "<!-- continues -->"
+
+
+def _chunks(document) -> list:
+    """The page's Python blocks grouped as a reader runs them: each block alone, unless the line
+    before its fence is ``<!-- continues -->``: then it continues the block before it."""
+    chunks: list = []
+    for _, region in document.regions:
+        before = document.text[:region.start].rstrip()
+        if chunks and before.endswith(CONTINUES):
+            chunks[-1].append(region)
+        else:
+            chunks.append([region])
+    return chunks
+
+
+def run_block(namespace: dict, page: Path, chunks: List[List[str]], index: int, source: str) -> Optional[str]:
     """The verdict on the tests this block defines: what pytest said of them (Sybil reports it at the
     block's line), or None when they passed or it defines none. The page runs once, at its first block
-    with tests: all its blocks in order in one test file (the ranks import their functions from it)."""
-    again = sorted(set(_defined(source)) & {name for block in blocks if block != source for name in _defined(block)})
+    with tests: each chunk of blocks (a block and the blocks that continue it) is a test file of its
+    own, all in one folder, and one pytest runs them (the ranks import their functions from them)."""
+    chunk = chunks[index]
+    again = sorted(set(_defined(source)) & {name for block in chunk if block != source for name in _defined(block)})
     if again:
-        return (f"another block of this page defines {', '.join(again)} too: in the reader's file the last "
-                "one wins; give each its own name")
+        return (f"another block that this one continues (or that continues it) defines {', '.join(again)} too: "
+                "in the reader's file the last one wins; give each its own name")
     tests = [name for name in _defined(source) if name.lower().startswith("test")]
     if not tests:
         return None
     if "outcomes" not in namespace:
         namespace["page_dir"] = tempfile.mkdtemp(prefix="mgpu-docs-")
-        namespace["outcomes"], namespace["output"] = _run_page(Path(namespace["page_dir"]), page, blocks)
-    outcomes: Dict[str, List[str]] = namespace["outcomes"]
-    missing = [name for name in tests if name not in outcomes]
+        namespace["outcomes"], namespace["output"] = _run_page(Path(namespace["page_dir"]), page, chunks)
+    outcomes: Dict[Tuple[str, str], List[str]] = namespace["outcomes"]
+    module = _module_name(page, index)
+    missing = [name for name in tests if (module, name) not in outcomes]
     if missing:
-        return f"pytest ran no {', '.join(missing)}:\n{namespace['output']}"
-    bad = [line for name in tests for line in outcomes[name]]
+        return f"pytest ran no {', '.join(missing)} (in {module}.py):\n{namespace['output']}"
+    bad = [line for name in tests for line in outcomes[(module, name)]]
     return "\n\n".join(bad) or None
 
 
-def _run_page(folder: Path, page: Path, blocks: List[str]) -> Tuple[Dict[str, List[str]], str]:
-    """``pytest <page's file> --mgpu-fallback=cpu`` in a clean environment, in ``folder``: per test
-    function, what went wrong with each of its cases (a failure, an error, a skip); and the output."""
+def _module_name(page: Path, index: int) -> str:
     slug = re.sub(r"\W+", "_", page.relative_to(ROOT).with_suffix("").as_posix().removeprefix("docs/")).lower()
-    path = folder / f"test_{slug}.py"
-    path.write_text("\n\n".join(blocks), encoding="utf-8")
+    return f"test_{slug}_{index + 1}"
+
+
+def _run_page(folder: Path, page: Path, chunks: List[List[str]]) -> Tuple[Dict[Tuple[str, str], List[str]], str]:
+    """``pytest <the page's files> --mgpu-fallback=cpu`` in a clean environment, in ``folder``: per
+    (module, test function), what went wrong with each of its cases (a failure, an error, a skip); and
+    the output. Only chunks that define tests are written; a file that fails to import fails its own
+    tests, not the others'."""
+    names = []
+    for i, chunk in enumerate(chunks):
+        if any(name.lower().startswith("test") for block in chunk for name in _defined(block)):
+            names.append(f"{_module_name(page, i)}.py")
+            (folder / names[-1]).write_text("\n\n".join(chunk), encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_CORE_"))}
-    cmd = [sys.executable, "-m", "pytest", path.name, "--mgpu-fallback=cpu", "-p", "no:cacheprovider",
-           "--junitxml=junit.xml", "-q"]
+    cmd = [sys.executable, "-m", "pytest", *names, "--mgpu-fallback=cpu", "-p", "no:cacheprovider",
+           "--continue-on-collection-errors", "--junitxml=junit.xml", "-q"]
+    shown = f"pytest {page.name}'s {len(names)} file(s) --mgpu-fallback=cpu"
     try:
         done = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=PAGE_TIMEOUT_S)
     except subprocess.TimeoutExpired as exc:
-        return {}, f"`{' '.join(cmd[2:])}` ran past {PAGE_TIMEOUT_S} s:\n{exc.stdout or ''}"
-    output = f"`pytest {path.name} --mgpu-fallback=cpu` (exit {done.returncode}):\n{done.stdout[-6000:]}{done.stderr[-2000:]}"
-    outcomes: Dict[str, List[str]] = {}
+        return {}, f"`{shown}` ran past {PAGE_TIMEOUT_S} s:\n{exc.stdout or ''}"
+    output = f"`{shown}` (exit {done.returncode}):\n{done.stdout[-6000:]}{done.stderr[-2000:]}"
+    outcomes: Dict[Tuple[str, str], List[str]] = {}
     if not (folder / "junit.xml").is_file():
         return outcomes, output
     for case in ElementTree.parse(folder / "junit.xml").iter("testcase"):
-        name = case.get("name", "").split("[")[0]
-        problems = outcomes.setdefault(name, [])
+        key = (case.get("classname", "").split(".")[0], case.get("name", "").split("[")[0])
+        problems = outcomes.setdefault(key, [])
         for child in case:
             if child.tag in ("failure", "error", "skipped"):  # a docs example that skips tests nothing
                 problems.append(f"{case.get('name')}: {child.tag}: {child.get('message', '')}\n{child.text or ''}")

@@ -1,5 +1,6 @@
 """python -m pytest_mgpu: what this machine offers for distributed tests, its hardware fingerprints,
-and whether a timing baseline exists for them.
+and whether a timing baseline exists for them, read with the project's pytest ini (found as pytest
+finds it from the current folder: mgpu_fallback, mgpu_baselines) and the environment.
 
 python -m pytest_mgpu compare OLD NEW: judge NEW's timings against OLD's (baseline files or JSON
 reports), print the table, exit 1 on a regression. The structure goldens (structure.json) are judged
@@ -20,8 +21,9 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m pytest_mgpu", description=__doc__)
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
-    ap.add_argument("--baselines", metavar="DIR", default="baselines",
-                    help="timing baselines directory to look for this machine's files in (default: ./baselines)")
+    ap.add_argument("--baselines", metavar="DIR", default=None,
+                    help="timing baselines directory to look for this machine's files in (default: the "
+                         "project ini's mgpu_baselines, else <rootdir>/baselines, as pytest would use)")
     args = ap.parse_args(argv)
     report = environment_report(args.baselines)
     print(json.dumps(asdict(report), indent=2) if args.json else report.format())

@@ -25,8 +25,8 @@ class Checks:
         Args:
             strategy: "ddp", "fsdp", "dp", "model_parallel" or "pipeline"; or your own parallel
                 module's constructor, built in one process that sees all the test's devices.
-            model_fn: Module-level; builds the model (same seed on every side).
-            batch_fn: Module-level; ``batch_fn(step) -> (inputs, targets)``, the step's global batch.
+            model_fn: Builds the model (same seed on every side).
+            batch_fn: ``batch_fn(step) -> (inputs, targets)``, the step's global batch.
             loss_fn: ``loss_fn(outputs, targets)``. None: mean cross entropy.
             optimizer_fn: ``optimizer_fn(params)``. None: SGD, lr 0.05, momentum 0.9 (Adam hides
                 gradient-scale errors).
@@ -85,8 +85,8 @@ class Checks:
         step: the ranks' mean loss and rank 0 against the reference, every rank against rank 0.
 
         Args:
-            fn: Module-level; your loop for the ranks (DDP, FSDP, hand-written all_reduce ...).
-            reference_fn: Module-level; the same training on one device, on the ranks' rows together.
+            fn: Your loop for the ranks (DDP, FSDP, hand-written all_reduce ...).
+            reference_fn: The same training on one device, on the ranks' rows together.
             *args: Passed to both.
             steps: Steps compared; each side must take exactly this many (else StepCountError).
             record: What a step is. "log": both loops are called ``f(log, *args, steps=steps,
@@ -130,7 +130,7 @@ class Checks:
         sharing one: ``checkpoint_dir()``). The resumed steps must train like the uninterrupted ones.
 
         Args:
-            fn: Module-level; your trainer, ``fn(*args, **kwargs)`` with the process group up.
+            fn: Your trainer, ``fn(*args, **kwargs)`` with the process group up.
             *args: Passed to ``fn``.
             steps: Optimizer steps of the whole run (N).
             stop_after: The interrupted run stops as its step ``stop_after + 1`` begins (K < N).

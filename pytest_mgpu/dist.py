@@ -29,6 +29,7 @@ class CallRecord:
     startup_s: float
     wall_s: float
     ok: bool
+    lane: bool = False  # timed by the revision lane's own ranks: a call, whose start-up is not the test's
 
 
 @dataclass
@@ -80,7 +81,8 @@ class Dist(Checks):
         process group up (NCCL on GPUs, gloo on CPU ranks).
 
         Args:
-            fn: A module-level function: the ranks import it by name; arguments and value are pickled.
+            fn: Module-level (travels by name), or nested, a lambda, a ``functools.partial`` (travels
+                by value with what it captures: cloudpickle). Arguments and value are pickled.
             *args: Positional arguments of ``fn``.
             timeout: Seconds this call may take before its ranks are reported hung and killed. None:
                 the test's ``mgpu_timeout`` marker, else ``--mgpu-timeout`` (default 300).
@@ -104,7 +106,7 @@ class Dist(Checks):
 
         Args:
             nprocs: How many ranks to start (a positive integer).
-            fn: A module-level function, as for ``run``.
+            fn: A function, as for ``run``.
             *args: Positional arguments of ``fn``.
             timeout: Seconds this call may take, as for ``run``.
             **kwargs: Keyword arguments of ``fn``.
@@ -127,7 +129,7 @@ class Dist(Checks):
         model parallel within a process); ``rank_context().devices`` lists them.
 
         Args:
-            fn: A module-level function, as for ``run``.
+            fn: A function, as for ``run``.
             *args: Positional arguments of ``fn``.
             timeout: Seconds this call may take, as for ``run``.
             **kwargs: Keyword arguments of ``fn``.
@@ -145,7 +147,7 @@ class Dist(Checks):
         backend the devices cannot run ("nccl" on CPU ranks) runs as gloo, with a RuntimeWarning.
 
         Args:
-            fn: A module-level function taking the rank first, as ``mp.spawn`` calls it.
+            fn: A function taking the rank first, as ``mp.spawn`` calls it.
             *args: Its arguments after the rank.
             **kwargs: Its keyword arguments.
 
@@ -168,7 +170,7 @@ class Dist(Checks):
         callable, that is the step timed and ``fn`` was its setup, else ``fn`` itself is the step.
 
         Args:
-            fn: A module-level function, as for ``run``.
+            fn: A function, as for ``run``.
             *args: Positional arguments of ``fn``.
             warmup: Untimed iterations first. None: until two iterations agree within 10%.
             repeat: Timed iterations. None: enough for ``min_run_time`` seconds, at least 5.
@@ -192,9 +194,12 @@ class Dist(Checks):
         __tracebackhide__ = True
         from .timing.measure import benchmark
 
-        return benchmark(self, fn, *args, warmup=warmup, repeat=repeat, name=name, batch_size=batch_size,
-                         strategy=strategy, group=group, params=params, single_process=single_process,
-                         min_run_time=min_run_time, timeout=timeout, global_batch=global_batch, **kwargs)
+        m = benchmark(self, fn, *args, warmup=warmup, repeat=repeat, name=name, batch_size=batch_size,
+                      strategy=strategy, group=group, params=params, single_process=single_process,
+                      min_run_time=min_run_time, timeout=timeout, global_batch=global_batch, **kwargs)
+        if m.lane_only:  # the lane's head turns are the measurement: the test made this call through it
+            self.calls.append(CallRecord(self.world_size, 0.0, m.revision.wall_s if m.revision else 0.0, True, True))
+        return m
 
     # -- internals ----------------------------------------------------------------------------
     def spec(self, nprocs: int, timeout: Optional[float] = None) -> LaunchSpec:
@@ -260,8 +265,5 @@ class Dist(Checks):
 
     def _echo(self, logs: Sequence[str]) -> None:
         """Rank output goes to the test's stdout, so pytest captures and shows it per test."""
-        if not self.echo_output:
-            return
-        for rank, text in enumerate(logs):
-            for line in text.splitlines():
-                sys.stdout.write(f"[rank {rank}] {line}\n")
+        for rank, text in enumerate(logs if self.echo_output else ()):
+            sys.stdout.writelines(f"[rank {rank}] {line}\n" for line in text.splitlines())

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Iterable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Iterable, List, Literal, Optional, Tuple, get_args
 
 if TYPE_CHECKING:
     import pytest
@@ -22,6 +22,9 @@ TIMEOUT = "mgpu_timeout"
 SIMULATE = "simulate"
 BENCHMARK = "mgpu_benchmark"
 STRUCTURE = "mgpu_structure"
+BODY_IN_RANKS = "mgpu_body_in_ranks"
+# Where a test's body runs: in the pytest process ("test", calling dist.run), or in every rank.
+Body = Literal["test", "ranks"]
 
 
 def marker_help() -> List[str]:
@@ -35,7 +38,8 @@ def marker_help() -> List[str]:
          "world size, no devices); `-m simulate` selects these tests, `-m 'not simulate'` keeps them out",
          f"{BENCHMARK}: a timing test (dist.benchmark); given to every test that calls dist.benchmark in its own "
          f"body. `-m {BENCHMARK}` or --mgpu-benchmarks=only selects these, --mgpu-benchmarks=skip leaves them out",
-         f"{STRUCTURE}(False): this test's calls are neither judged against nor recorded as structure goldens"]
+         f"{STRUCTURE}(False): this test's calls are neither judged against nor recorded as structure goldens",
+         f"{BODY_IN_RANKS}: the test function itself runs in every rank (set by world_sizes(..., body=\"ranks\"))"]
 
 
 def marker_timeout(item) -> Optional[Tuple[float, str]]:
@@ -67,16 +71,21 @@ def _mark(n: int):
     return getattr(pytest.mark, f"gpu{n}")
 
 
-def world_sizes(*sizes: int) -> pytest.MarkDecorator:
+def world_sizes(*sizes: int, body: Body = "test") -> Any:
     """Parametrize a test that uses ``dist`` over world sizes: ``@world_sizes(1, 2, 4)`` makes three
     tests, ids ``[gpu1]``, ``[gpu2]``, ``[gpu4]``, each carrying its ``gpuN`` marker, so ``-m gpu2``
     selects the 2-rank one.
 
     Args:
         *sizes: The world sizes, each from 1 to 16, none twice.
+        body: Where the test function runs. ``"test"``: in the pytest process, calling ``dist.run``
+            with the functions the ranks run. ``"ranks"``: the test function itself runs in each
+            rank, with the default process group up (it takes no ``dist``; its fixtures must pickle,
+            e.g. ``tmp_path`` and parametrize values); a failing ``assert`` names its rank.
 
     Returns:
-        ``pytest.mark.parametrize`` of the ``dist`` fixture.
+        ``pytest.mark.parametrize`` of the ``dist`` fixture; with ``body="ranks"`` a decorator that
+        also marks the test ``mgpu_body_in_ranks``.
     """
     import pytest
 
@@ -84,8 +93,21 @@ def world_sizes(*sizes: int) -> pytest.MarkDecorator:
         raise MarkerError("world_sizes() needs at least one world size, e.g. world_sizes(1, 2, 4)")
     if len(set(sizes)) != len(sizes):
         raise MarkerError(f"world_sizes{sizes} repeats a world size")
+    if body not in get_args(Body):
+        raise MarkerError(f"world_sizes(body={body!r}): body is \"test\" (the default: the test calls dist.run) "
+                          "or \"ranks\" (the test function itself runs in every rank)")
     params = [pytest.param(n, marks=_mark(n), id=f"gpu{n}") for n in sizes]
-    return pytest.mark.parametrize("dist", params, indirect=True)
+    sized = pytest.mark.parametrize("dist", params, indirect=True)
+    if body == "test":
+        return sized
+    marks = (sized, pytest.mark.usefixtures("dist"), getattr(pytest.mark, BODY_IN_RANKS))
+
+    def in_ranks(test):
+        for mark in marks:
+            test = mark(test)
+        return test
+
+    return in_ranks
 
 
 def unknown_sizes(text: str, registered: Iterable[str] = ()) -> List[str]:

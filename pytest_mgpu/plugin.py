@@ -196,7 +196,31 @@ def dist(request):
         if lease is not None:
             lease.release()
         item.user_properties.append(("mgpu_calls", len(handle.calls)))
-        item.user_properties.append(("mgpu_startup_s", [round(c.startup_s, 4) for c in handle.calls if c.ok]))
+        item.user_properties.append(("mgpu_startup_s", [round(c.startup_s, 4) for c in handle.calls if c.ok and not c.lane]))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """``world_sizes(..., body="ranks")``: the test function runs in each of its ranks, not here."""
+    if pyfuncitem.get_closest_marker(markers.BODY_IN_RANKS) is None:
+        return None
+    __tracebackhide__ = True
+    from .body import BodyError, rank_body, skip_reason
+    from .launch.errors import RankFailure
+
+    handle = pyfuncitem.funcargs["dist"]
+    skipped: Optional[str] = None
+    try:
+        handle.run(rank_body(pyfuncitem.obj, pyfuncitem.funcargs, pyfuncitem.nodeid))
+    except (BodyError, RankFailure) as exc:  # the ranks' tracebacks are the story, not our frames
+        failure = str(exc)
+        if isinstance(exc, RankFailure):
+            skipped = skip_reason([p.summary for p in exc.problems])
+    else:
+        return True
+    if skipped is not None:
+        pytest.skip(skipped)
+    pytest.fail(failure, pytrace=False)  # outside the except block: no chained exception
 
 
 def _test_timeout(item, session: MgpuSession):

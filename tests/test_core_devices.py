@@ -144,6 +144,40 @@ def test_environment_report_command():
         assert word in out.stdout
 
 
+def test_environment_report_follows_the_project_ini(tmp_path):
+    """Started below a project whose pyproject.toml sets the CPU fallback and a baselines folder: the
+    report names that file, and says gpuN tests run on CPU ranks, not that they skip."""
+    (tmp_path / "pyproject.toml").write_text('[tool.pytest.ini_options]\nmgpu_fallback = "cpu"\n'
+                                             'mgpu_baselines = "perf/baselines"\n')
+    (tmp_path / "tests").mkdir()
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_MGPU")}
+    env["PYTHONPATH"] = repo
+    out = subprocess.run([sys.executable, "-m", "pytest_mgpu"], cwd=str(tmp_path / "tests"), env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"project ini     {tmp_path / 'pyproject.toml'} ([tool.pytest.ini_options])" in out.stdout
+    assert "run here on N gloo CPU ranks (ini mgpu_fallback = cpu)" in out.stdout
+    assert "skip here" not in out.stdout
+    assert f"baselines       {tmp_path / 'perf' / 'baselines'}" in out.stdout
+
+
+def test_the_project_ini_is_found_as_pytest_finds_it(tmp_path):
+    from pytest_mgpu.project_ini import find_ini
+
+    (tmp_path / "setup.cfg").write_text("[metadata]\nname = x\n")  # no [tool:pytest]: not pytest's file
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")  # no pytest table: neither
+    (tmp_path / "sub").mkdir()
+    assert find_ini(tmp_path / "sub") is None or find_ini(tmp_path / "sub").rootdir != tmp_path
+    (tmp_path / "tox.ini").write_text("[pytest]\nmgpu_fallback = share\n")
+    found = find_ini(tmp_path / "sub")
+    assert (found.path, found.section, found.get("mgpu_fallback")) == (tmp_path / "tox.ini", "[pytest]", "share")
+    (tmp_path / "pytest.ini").write_text("")  # pytest.ini wins in its folder, even empty
+    assert find_ini(tmp_path / "sub").path == tmp_path / "pytest.ini"
+    (tmp_path / "sub" / "setup.cfg").write_text("[tool:pytest]\nmgpu_seed = 3\n")  # nearer wins
+    assert find_ini(tmp_path / "sub").get("mgpu_seed") == "3"
+
+
 NO_FCNTL = '''\
 import sys
 

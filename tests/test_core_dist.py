@@ -106,28 +106,42 @@ def test_none(dist):
     pytester.runpytest("--mgpu-fallback=cpu", "--import-mode=importlib").assert_outcomes(passed=1)
 
 
-def test_nested_function_and_lambda_are_clear_errors(pytester):
+def test_closures_travel_by_value_and_what_cannot_is_named(pytester):
+    """Nested functions, lambdas and partials of them reach warm ranks with what they capture (the
+    module-level helper they call by reference); a capture that cannot be pickled is named."""
     pytester.makepyfile(
         """
+import functools, threading
 import pytest
+import torch.distributed as td
+
+def helper(x):
+    return 10 * x
 
 @pytest.mark.gpu2
-def test_nested(dist):
-    def inner():
-        return 1
-    dist.run(inner)
+def test_closures(dist):
+    k = 3
+    def inner(y):
+        return helper(y) + k + td.get_rank()
+    assert dist.run(inner, 1) == [13, 14]
+    assert dist.run(lambda: k * td.get_world_size()) == [6, 6]
+    assert dist.run(functools.partial(inner, 2)) == [23, 24]
+    assert dist.run(print, "plain builtins still travel by name") == [None, None]
 
 @pytest.mark.gpu2
-def test_lambda(dist):
-    dist.run(lambda: 1)
+def test_lock(dist):
+    lock = threading.Lock()
+    def step():
+        with lock:
+            return 1
+    dist.run(lambda: step())
 """
     )
     result = pytester.runpytest("--mgpu-fallback=cpu")
-    result.assert_outcomes(failed=2)
+    result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
-        ["*cannot send 'test_nested.<locals>.inner' to other processes*Move it to the top level*",
-         "*cannot send 'test_lambda.<locals>.<lambda>'*"]
-    )
+        ["*dist.run cannot send 'test_lock.<locals>.<lambda>' to the ranks: it captures `step.lock`*"
+         "(_thread.lock), which cannot be pickled*"])
 
 
 def test_unpicklable_argument_is_named(pytester):

@@ -193,3 +193,40 @@ def test_the_suites_collect_where_the_docs_tester_is_not_installed(tmp_path):
     assert suites.returncode == 0, suites.stdout + suites.stderr
     page = collect("README.md")
     assert page.returncode != 0 and "pip install -e '.[test]'" in page.stdout + page.stderr
+
+
+# -- the docs tester: each block alone, unless marked as continuing the one before ------------------
+def _root_conftest():
+    spec = importlib.util.spec_from_file_location("docs_tester_conftest", ROOT / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_block_is_a_file_of_its_own_unless_it_continues_the_one_before():
+    from types import SimpleNamespace
+
+    text = ("```python\nimport os\n```\n\ntext\n\n```python\nx = 1\n```\n\n<!-- continues -->\n"
+            "```python\ny = x\n```\n\n```python\nz = 2\n```\n")
+    starts = [i for i in range(len(text)) if text.startswith("```python", i)]
+    regions = [SimpleNamespace(start=s) for s in starts]
+    document = SimpleNamespace(text=text, regions=[(s, r) for s, r in zip(starts, regions)])
+    chunks = _root_conftest()._chunks(document)
+    assert [[regions.index(r) for r in chunk] for chunk in chunks] == [[0], [1, 2], [3]]
+
+
+def test_a_block_that_lacks_its_imports_fails_alone(pytester):
+    """A page whose second block uses a name only the first imports: it fails at that block, and
+    passes once the block says it continues the first."""
+    import shutil
+
+    pytester.makefile(".md", page="```python\nimport math\n```\n\n```python\nassert math.pi > 3\n```\n")
+    shutil.copy(ROOT / "conftest.py", pytester.path / "conftest.py")
+    (pytester.path / "docs").mkdir()
+    (pytester.path / "page.md").rename(pytester.path / "docs" / "page.md")
+    result = pytester.runpytest_subprocess("docs/page.md", "-p", "no:mgpu")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*NameError: name 'math' is not defined*"])
+    page = pytester.path / "docs" / "page.md"
+    page.write_text(page.read_text().replace("\n\n```python\nassert", "\n\n<!-- continues -->\n```python\nassert"))
+    pytester.runpytest_subprocess("docs/page.md", "-p", "no:mgpu").assert_outcomes(passed=2)

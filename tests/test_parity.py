@@ -141,8 +141,9 @@ def test_bad_schedule(dist):
 
 @pytest.mark.gpu1
 def test_lambda_model(dist):
-    with pytest.raises(TypeError, match="model_fn: .*lambda.*Move it to the top level"):
-        dist.assert_parity("ddp", lambda: mlp(), batch)
+    lock = __import__("threading").Lock()
+    with pytest.raises(TypeError, match="model_fn cannot send .*lambda.* it captures `lock`"):
+        dist.assert_parity("ddp", lambda: (lock, mlp())[1], batch)
 
 @pytest.mark.gpu1
 def test_steps(dist):

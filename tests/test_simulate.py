@@ -1,6 +1,7 @@
 """The simulated tier (issue 20): simulate() runs one rank of a fake process group in a fresh process;
 what it counts (collectives, bytes, memory, steps) and what it reports."""
 import pickle
+import threading
 
 import pytest
 import torch
@@ -237,8 +238,9 @@ def test_a_world_it_cannot_play_is_refused(kwargs, match):
 
 
 def test_what_cannot_travel_is_refused_naming_simulate():
-    with pytest.raises(BadCallError, match="simulate cannot send '.*<lambda>'"):
-        simulate(lambda: 1, world_size=2)
+    lock = threading.Lock()
+    with pytest.raises(BadCallError, match="simulate cannot send '.*<lambda>' .* captures `lock`"):
+        simulate(lambda: lock, world_size=2)
     with pytest.raises(SettingsError, match=r"simulate\(timeout=\.\.\.\) must be a positive"):
         simulate(collectives, world_size=2, timeout=0)
 

@@ -299,7 +299,10 @@ def raised_problem(o: RankOutcome) -> RankProblem:
         "import": " while loading the function",
         "return": " while sending its result",
     }.get(o.phase, "")
-    return RankProblem(o.rank, "raised", f"raised {o.exc_type}: {o.exc_message}{where}", o.traceback,
+    message = o.exc_message
+    if "\n" in message and o.traceback and message.rstrip() in o.traceback:  # said in full below once
+        message = message.splitlines()[0]
+    return RankProblem(o.rank, "raised", f"raised {o.exc_type}: {message}{where}", o.traceback,
                        communication=is_communication_error(o.exc_type, o.exc_message))
 
 

@@ -13,6 +13,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from .byvalue import BadCallError, anchor_module, describe, dumps, importable
+
 
 def safe_str(obj: object) -> str:
     """``str(obj)``, or a description of why it could not be made (a ``__str__`` that raises)."""
@@ -31,17 +33,17 @@ def type_name(obj: object) -> str:
     return f"{t.__module__}.{t.__qualname__}".replace("builtins.", "")
 
 
-class BadCallError(TypeError):
-    """``dist.run`` was given something that cannot be sent to a rank."""
-
-
 @dataclass(frozen=True)
 class FnRef:
-    """A module-level function named by module and qualified name, importable in a fresh process."""
+    """A function on its way to the ranks. A module-level function is named by module and qualified
+    name (importable in a fresh process); anything else callable (a nested function, a lambda, a
+    ``functools.partial``, a callable object) travels pickled by value in ``blob``, and ``module`` is
+    the module to import before unpickling it (None: none)."""
 
-    module: str
+    module: Optional[str]
     qualname: str
     file: Optional[str]
+    blob: Optional[bytes] = None
 
     @classmethod
     def of(cls, fn, caller: str = "dist.run") -> "FnRef":
@@ -49,32 +51,37 @@ class FnRef:
         __tracebackhide__ = True  # a function that cannot travel is the caller's line, not ours
         if not callable(fn):
             raise BadCallError(f"{caller} needs a function, got {type(fn).__name__}: {fn!r}")
-        module = getattr(fn, "__module__", None)
-        qualname = getattr(fn, "__qualname__", None)
-        if module is None or qualname is None:
-            raise BadCallError(
-                f"{caller} needs a plain module-level function, got {fn!r}; "
-                "define `def my_fn(...)` at the top level of the test module"
-            )
-        if "<locals>" in qualname or "<lambda>" in qualname:
-            raise BadCallError(
-                f"{caller} cannot send {qualname!r} to other processes: it is a nested function or a "
-                "lambda, which only exists inside the test process. Move it to the top level of "
-                f"{module!r} (or any importable module) and pass what it needs as arguments."
-            )
-        if module == "__main__":
-            raise BadCallError(
-                f"{qualname!r} lives in __main__, which rank processes cannot import; "
-                "put it in a module"
-            )
-        mod = sys.modules.get(module)
-        file = getattr(mod, "__file__", None) if mod is not None else None
-        ref = cls(module, qualname, os.path.abspath(file) if file else None)
-        return ref
+        if importable(fn):
+            return cls(fn.__module__, fn.__qualname__, _file_of(fn.__module__))
+        return cls.by_value(fn, caller)
+
+    @classmethod
+    def by_value(cls, fn, caller: str = "dist.run") -> "FnRef":
+        """``fn`` pickled by value (its code object as it is: a test function keeps pytest's assertion
+        rewriting), whatever its module; ``BadCallError`` names what it captures that cannot travel."""
+        __tracebackhide__ = True
+        blob = dumps(fn, caller)
+        module = anchor_module(fn)
+        qualname = getattr(fn, "__qualname__", None) or describe(fn)
+        return cls(module, qualname, _file_of(module) if module else None, blob)
 
     def resolve(self):
+        if self.blob is not None:
+            if self.module:
+                try:
+                    self._import()
+                except Exception:
+                    pass  # unpickling names what is missing, if anything is
+            return pickle.loads(self.blob)
+        obj = self._import()
+        for part in self.qualname.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+    def _import(self):
+        assert self.module is not None
         try:
-            mod = importlib.import_module(self.module)
+            return importlib.import_module(self.module)
         except ImportError:
             # pytest's importlib mode registers test modules under names that are not importable
             # from sys.path; load the same file under the same name.
@@ -86,38 +93,47 @@ class FnRef:
             mod = importlib.util.module_from_spec(spec)
             sys.modules[self.module] = mod
             spec.loader.exec_module(mod)
-        obj = mod
-        for part in self.qualname.split("."):
-            obj = getattr(obj, part)
-        return obj
+            return mod
+
+
+def _file_of(module: Optional[str]) -> Optional[str]:
+    mod = sys.modules.get(module) if module else None
+    file = getattr(mod, "__file__", None) if mod is not None else None
+    return os.path.abspath(file) if file else None
 
 
 def pack_call(fn, args: tuple, kwargs: dict, caller: str = "dist.run") -> Tuple[FnRef, bytes]:
-    """Check that ``fn(*args, **kwargs)`` can be sent to ranks; return its reference and payload."""
+    """Check that ``fn(*args, **kwargs)`` can be sent to ranks; return its reference and payload.
+    Arguments are pickled; one that plain pickle refuses (a lambda, a local function) by value."""
+    __tracebackhide__ = True
     ref = FnRef.of(fn, caller)
     try:
         payload = pickle.dumps((args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:  # find the culprit for the message
-        culprit = "the arguments"
-        for i, a in enumerate(args):
-            try:
-                pickle.dumps(a)
-            except Exception:
-                culprit = f"positional argument {i} ({type(a).__name__})"
-                break
-        else:
-            for k, v in kwargs.items():
-                try:
-                    pickle.dumps(v)
-                except Exception:
-                    culprit = f"keyword argument {k!r} ({type(v).__name__})"
-                    break
-        raise BadCallError(
-            f"{caller} cannot send {culprit} of {ref.qualname} to the ranks: {exc}. "
-            "Pass plain data (tensors, numbers, strings, module-level classes) and build "
-            "the rest inside the function."
-        ) from None
+    except Exception:
+        import cloudpickle
+
+        try:
+            payload = cloudpickle.dumps((args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            raise BadCallError(_argument_problem(caller, ref, args, kwargs, exc)) from None
     return ref, payload
+
+
+def _argument_problem(caller: str, ref: FnRef, args: tuple, kwargs: dict, exc: Exception) -> str:
+    import cloudpickle
+
+    culprit = "the arguments"
+    named = [(f"positional argument {i}", a) for i, a in enumerate(args)]
+    named += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
+    for name, value in named:
+        try:
+            cloudpickle.dumps(value)
+        except Exception:
+            culprit = f"{name} ({type(value).__name__})"
+            break
+    return (f"{caller} cannot send {culprit} of {ref.qualname} to the ranks: {exc}. "
+            "Pass plain data (tensors, numbers, strings, module-level classes) and build "
+            "the rest inside the function.")
 
 
 @dataclass

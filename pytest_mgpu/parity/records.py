@@ -12,6 +12,7 @@ import pickle
 from dataclasses import dataclass, field
 from typing import Any, Dict, Final, List, Literal, Optional, Tuple, get_args
 
+from ..launch.byvalue import importable
 from ..launch.protocol import BadCallError, FnRef
 
 # What a compared tensor is; the report lists kinds in this order.
@@ -23,10 +24,11 @@ KINDS: Final[Tuple[Kind, ...]] = get_args(Kind)
 class Portable:
     """A user callable on its way to the ranks.
 
-    A plain function travels as a reference. A ``functools.partial`` or a callable object (e.g.
+    A module-level function travels as a reference. A ``functools.partial`` or a callable object (e.g.
     ``nn.CrossEntropyLoss(reduction="sum")``) travels pickled, together with a reference to its
     function or class: resolving that first imports the module that defines it, also where that
-    module is a test file that only pytest knows how to import (the reference has its file).
+    module is a test file that only pytest knows how to import (the reference has its file). A nested
+    function or lambda, or a partial of one, travels by value (cloudpickle, inside ``ref``).
     """
 
     ref: FnRef
@@ -43,20 +45,13 @@ class Portable:
             anchor = None  # a function or class: a reference is enough
         else:
             anchor = type(obj)
-        try:
-            ref = FnRef.of(anchor if anchor is not None else obj)
-        except BadCallError as exc:
-            raise BadCallError(f"{what}: {exc}") from None
-        if anchor is None:
-            return cls(ref)
+        if anchor is None or not importable(anchor):  # a function, or what only travels by value
+            return cls(FnRef.of(obj, what))
         try:
             blob = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:
-            raise BadCallError(
-                f"{what} ({obj!r}) cannot be sent to the ranks: {exc}. Use a module-level function, "
-                "a functools.partial of one, or an object of a module-level class."
-            ) from None
-        return cls(ref, blob)
+        except Exception:  # e.g. a partial holding a lambda: the whole of it travels by value
+            return cls(FnRef.by_value(obj, what))
+        return cls(FnRef.of(anchor), blob)
 
     def load(self):
         target = self.ref.resolve()

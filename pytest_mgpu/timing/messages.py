@@ -10,7 +10,7 @@ from typing import Dict, Final, Mapping, Optional, Tuple
 from .units import fmt_time
 from .pairing import RevisionStatus, RevisionVerdict
 from .reference import UNNORMALIZED_HASH
-from .rule import MIN_HISTORY, HistoryVerdict, Status, percent, saves, visible_with
+from .rule import MIN_HISTORY, HistoryVerdict, Status, detectable_change, percent, saves, visible_with
 
 
 def verdict_of(d: dict) -> Optional[HistoryVerdict]:
@@ -68,7 +68,8 @@ def describe(d: dict) -> str:
     if v.status == Status.UNREADABLE:
         return f"baseline unreadable: measured (median {new}) as if no baseline existed"
     hist = fmt_time(d.get("history_median_s"))
-    spread = f"{(math.exp(v.spread) - 1) * 100:.1f}%" if v.spread is not None else "-"
+    one = v.n_history < 2  # one launch has no spread between launches (its stored figure is the floor)
+    spread = f"{(math.exp(v.spread) - 1) * 100:.1f}%" if v.spread is not None and not one else "-"
     ratio = f"x{v.ratio:.3f} ({(v.ratio - 1) * 100:+.1f}%)" if v.ratio is not None else "-"
     raw = d.get("reference_hash") == UNNORMALIZED_HASH  # a GPU: the step's own median is judged
     stat, kind = ("ln(step median)", "ratio") if raw else ("ln(step/reference)", "reference-normalized ratio")
@@ -80,7 +81,7 @@ def describe(d: dict) -> str:
         return f"{noisy_line(d)}. Compared: {text}; baseline: {source}; {kept}"
     if v.status == Status.LEARNING:
         return (text + f"; {v.n_history} of {MIN_HISTORY} launches recorded: the gate decides from "
-                f"{MIN_HISTORY} ({visible_with(v.n_history, v.threshold)}; baseline {source}). Record more with "
+                f"{MIN_HISTORY} ({_learning_sees(v)}; baseline {source}). Record more with "
                 "--mgpu-save-timing")
     text += f", confidence {percent(v.confidence)} (one-sided t prediction interval, alpha {v.alpha:g})"
     if v.x_again is not None and v.ratio is not None:
@@ -99,6 +100,14 @@ def describe(d: dict) -> str:
         text += (". Faster than its history: if that is the new speed, record it with --mgpu-save-timing (its "
                  "history starts again from this launch)")
     return text
+
+
+def _learning_sees(v: HistoryVerdict) -> str:
+    """What a history still learning can see, at its own spread (the one quoted before it)."""
+    if v.n_history < 2 or v.spread is None:
+        return visible_with(v.n_history, v.threshold)
+    seen = detectable_change(v.spread, v.n_history, v.threshold, v.alpha)
+    return f"at this spread {v.n_history} launches see only slowdowns above +{seen * 100:.0f}%"
 
 
 def noisy_line(d: dict) -> str:

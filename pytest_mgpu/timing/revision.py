@@ -143,7 +143,9 @@ class RevisionLane:
                                                               f"{checkout.label}"), []
         spec = dist.spec(1 if single_process else dist.world_size, timeout)
         head = Version("head", ref)
-        base = Version("base", FnRef(ref.module, ref.qualname, base_file or ref.file), checkout.path_first(sys.path))
+        # a closure's own code travels by value (the same on both sides); what it calls is REV's
+        base = Version("base", FnRef(ref.module, ref.qualname, base_file or ref.file, ref.blob),
+                       checkout.path_first(sys.path))
         forget = (checkout.repo, checkout.path)
         try:
             try:
