@@ -11,9 +11,11 @@ from typing import Callable, Final, List, Optional, Tuple
 from . import gradients, inputs, loss, state, update
 from .facts import UserFacts
 from .finding import Finding, Report
+from .located import located
 from .possible import possible_causes
 
 Test = Callable[[Finding, UserFacts], bool]
+EVIDENCE: Final = 240  # characters of a finding's evidence said before its location (the line keeps both)
 
 
 def _near(k: float, target: float) -> bool:
@@ -218,7 +220,9 @@ def said(x: Finding, f: UserFacts) -> str:
     fix = cause.fix.replace("loss / k", f"loss / {k}").replace("the k micro", f"the {k} micro")
     why = cause.why.replace("k means", f"{k} means")
     what = cause.what + (f" ({x.names[0]})" if x.signal in ("hyper", "grads-precision") and x.names else "")
-    return " ".join(p for p in (f"{what} ({x.evidence}). Fix: {fix}.", why, x.detail) if p)
+    at = located(x, f)
+    evidence = x.evidence if not at or len(x.evidence) <= EVIDENCE else x.evidence[:EVIDENCE - 3].rstrip() + "..."
+    return " ".join(p for p in (f"{what} ({evidence}){' ' + at if at else ''}. Fix: {fix}.", why, x.detail) if p)
 
 
 def localise(report: Report) -> List[Finding]:

@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ...timing.structure.counter import quiet
 from ..gather import full_tensor
 from .fsdp1_flat import is_flat
+from .where import add, merged, user_line
 
 @dataclass
 class Inputs:
@@ -44,6 +45,7 @@ class Inputs:
     clips: List[Tuple[float, float, bool]] = field(default_factory=list)  # (total norm, max_norm, of DTensors) per clip call
     raw_norms: List[float] = field(default_factory=list)  # per backward pass: the total gradient norm it left (NaN: sharded)
     zeroed: List[int] = field(default_factory=list)  # backward passes (1-based) before which every gradient was zero again
+    where: Dict[str, List[str]] = field(default_factory=dict)  # hook kind -> "file:line" in the user's code (where.py)
 
     def loss(self) -> float:
         """The step's loss, combined as its gradients are: the sum of the scalars backpropagated
@@ -116,6 +118,26 @@ def fsdp1_clip(watch: "Watch") -> List[Tuple[Any, str, Any]]:
     return [(fsdp1.FullyShardedDataParallel, "clip_grad_norm_", observed_fsdp1_clip)]
 
 
+def scheduler_steps(watch: "Watch") -> List[Tuple[Any, str, Any]]:
+    """The patches that note where ``scheduler.step()`` is called: ``LRScheduler.step`` and every
+    scheduler class of torch's that defines its own (``ReduceLROnPlateau``, ``SequentialLR``, ...).
+    The call a constructor makes (its initial step) is not the loop's."""
+    import inspect
+
+    from torch.optim import lr_scheduler
+
+    def observing(method):
+        def observed_step(scheduler, *args, **kwargs):
+            if sys._getframe(1).f_code.co_name not in ("_initial_step", "__init__"):
+                watch.saw_schedule()
+            return method(scheduler, *args, **kwargs)
+        return observed_step
+
+    classes = [c for c in vars(lr_scheduler).values() if inspect.isclass(c) and issubclass(c, lr_scheduler.LRScheduler)
+               and "step" in vars(c)]
+    return [(c, "step", observing(vars(c)["step"])) for c in classes]
+
+
 class Watch:
     """Global hooks for the duration of one loop (``installed()``); what they saw is read by the
     recorders at each step (``take_inputs``, ``loss``) and once after (``roots``, ``set_epoch_calls``)."""
@@ -149,6 +171,7 @@ class Watch:
                 self.stateful.setdefault(id(module), module)  # a loss module with state (DINO's center)
             return None  # a loss module, a parameter-free wrapper call
         self.roots.setdefault(id(module), module)
+        add(self._inputs.where, "forward", user_line())
         x = _first_tensor(args, kwargs or {})
         if x is not None and not hasattr(x, "full_tensor"):
             self._inputs.rows += fingerprint(x)
@@ -182,6 +205,7 @@ class Watch:
             top = isinstance(t, torch.Tensor) and t.numel() == 1 and torch._C._current_autograd_node() is None \
                 and not pipeline_inference()
             if top:
+                add(watch._inputs.where, "backward", user_line())
                 watch.before_backward()
                 watch.saw_loss(t.detach(), sys._getframe(1).f_globals.get("__name__", ""))
             out = backward(tensors, *args, **kwargs)
@@ -213,7 +237,7 @@ class Watch:
                    (torch.nn.utils.clip_grad, "clip_grad_norm_", observed_clip)]
         if clip_with_norm is not None:  # the public two-part API (get_total_norm, then this)
             patches.append((torch.nn.utils, "clip_grads_with_norm_", observed_clip_with_norm))
-        patches += fsdp1_clip(watch)
+        patches += fsdp1_clip(watch) + scheduler_steps(watch)
         saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
         for owner, name, patched in patches:
             setattr(owner, name, patched)
@@ -230,7 +254,7 @@ class Watch:
         now = self._inputs
         self._inputs = Inputs(seen.rows + now.rows, seen.calls + now.calls, seen.losses + now.losses,
                               seen.pipeline or now.pipeline, seen.clips + now.clips, seen.raw_norms + now.raw_norms,
-                              seen.zeroed + now.zeroed)
+                              seen.zeroed + now.zeroed, merged(seen.where, now.where))
 
     def saw_loss(self, loss, caller: str) -> None:
         self.loss = loss
@@ -266,7 +290,11 @@ class Watch:
         """The clippings seen in the step under way."""
         return self._inputs.clips
 
+    def saw_schedule(self) -> None:
+        add(self._inputs.where, "scheduler.step", user_line())
+
     def saw_clip(self, total, max_norm) -> None:
+        add(self._inputs.where, "clip_grad_norm_", user_line())
         with quiet():
             norm = full_tensor(total)
         self._inputs.clips.append((float(norm), float(max_norm), hasattr(total, "to_local")))
