@@ -256,7 +256,8 @@ class Dist:
                              steps: int = 3, record: Optional[str] = None, spawn: bool = False,
                              rtol: Optional[float] = None, atol: Optional[float] = None,
                              timeout: Optional[float] = None, fn_kwargs: Optional[Dict[str, Any]] = None,
-                             reference_kwargs: Optional[Dict[str, Any]] = None, **kwargs: Any) -> ParityReport:
+                             reference_kwargs: Optional[Dict[str, Any]] = None,
+                             optimizer_options: Union[str, Sequence[str]] = "same", **kwargs: Any) -> ParityReport:
         """Your distributed training loop ``fn`` in every rank (process group up) against your
         one-device loop ``reference_fn`` in one process, both from the test's seed, compared step by
         step: the ranks' mean loss and rank 0 against the reference, every rank against rank 0.
@@ -277,6 +278,12 @@ class Dist:
             timeout: Seconds per side's launch, as for ``run``.
             fn_kwargs: Keywords for ``fn`` only, over ``**kwargs`` (a bug flag in ``**kwargs`` trains both).
             reference_kwargs: Keywords for ``reference_fn`` only, over ``**kwargs``.
+            optimizer_options: ``record="optimizer"``: how the optimizers' param-group options are
+                judged. "same" (the default): every option (the lr at every step, weight decay,
+                momentum, betas, eps ...) must equal the reference's beyond float rounding, or the
+                check fails on that alone. "ignore": not judged (only their effect on the tensors
+                is). A list of names (e.g. ``["lr"]``, an lr scaled by the world size on purpose):
+                those are left out.
             **kwargs: Passed to both.
 
         Returns:
@@ -288,11 +295,19 @@ class Dist:
             RankFailure: A rank raised, hung or died.
         """
         __tracebackhide__ = True
+        from .parity.judge.options import check_rule
+        from .parity.judged_options import judged
         from .parity.training import assert_same_training
 
-        return assert_same_training(self, fn, reference_fn, *args, steps=steps, record=record,  # type: ignore[arg-type]
-                                    spawn=spawn, rtol=rtol, atol=atol, timeout=timeout, fn_kwargs=fn_kwargs,
-                                    reference_kwargs=reference_kwargs, **kwargs)
+        rule = check_rule(optimizer_options)
+
+        def call() -> ParityReport:
+            __tracebackhide__ = True
+            return assert_same_training(self, fn, reference_fn, *args, steps=steps, record=record,  # type: ignore[arg-type]
+                                        spawn=spawn, rtol=rtol, atol=atol, timeout=timeout, fn_kwargs=fn_kwargs,
+                                        reference_kwargs=reference_kwargs, **kwargs)
+
+        return judged(call, rule)
 
     def assert_resumes(self, fn: Callable[..., Any], *args: Any, steps: int, stop_after: int,
                        world_size_after: Optional[int] = None, spawn: bool = False,

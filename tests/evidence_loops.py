@@ -162,3 +162,26 @@ def logged_reference(log, world_size: int, steps: int = 3) -> None:
         loss.backward()
         log(net, loss)
         opt.step()
+
+
+def scheduled(world_size: int, bug: str = "", steps: int = 4, micro: int = 1, reference: bool = False) -> None:
+    """SGD with weight decay and a StepLR schedule, hand-written data parallelism (``reference=True``: one
+    device, the global batch). Bugs on the ranks: ``wd`` (weight decay 1e-4 relative off), ``sched_micro``
+    (the scheduler stepped after every micro-batch)."""
+    torch.manual_seed(0)
+    net = Net()
+    wd = 0.05 * (1 + 1e-4) if bug == "wd" and not reference else 0.05
+    opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=0.9, weight_decay=wd)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
+    for step in range(steps):
+        x, y = batch(step) if reference else (t.chunk(world_size)[_rank()] for t in batch(step))
+        opt.zero_grad()
+        for xm, ym in zip(x.chunk(micro), y.chunk(micro)):
+            (nn.functional.mse_loss(net(xm), ym) / micro).backward()
+            if bug == "sched_micro" and not reference:
+                sched.step()  # the scheduler stepped per micro-batch
+        if not reference:
+            _average(net, world_size)
+        opt.step()
+        if bug != "sched_micro" or reference:
+            sched.step()
