@@ -83,6 +83,12 @@ def hand_dp(world_size: int, bug: str = "", steps: int = 4, micro: int = 1) -> N
                 net.head.weight.mul_(1.01)  # a change outside the optimizer, on one rank
         if teacher is not None and not (bug == "ema_rank0_only" and _rank() != 0):
             teacher.update(net, momentum=0.8 if bug == "ema_momentum" else 0.9)
+        if bug == "validate" and _rank() == 0:  # rank 0 validates: not a bug, and not training rows
+            net.eval()
+            with torch.no_grad():
+                net(batch(1000 + step)[0])
+            net(batch(2000 + step)[0][:8]).sum()  # in eval mode, no backward
+            net.train()
 
 
 def reference(world_size: int, bug: str = "", steps: int = 4, micro: int = 1) -> None:

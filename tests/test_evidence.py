@@ -17,7 +17,7 @@ def first_cause(text: str) -> str:
 
 
 @world_sizes(2)
-@pytest.mark.parametrize("bug, micro", [("", 1), ("", 2), ("teacher", 1)])
+@pytest.mark.parametrize("bug, micro", [("", 1), ("", 2), ("teacher", 1), ("validate", 1)])
 def test_correct_loops_pass(dist, bug, micro):
     report = dist.assert_same_training(P(L.hand_dp, bug=bug, micro=micro), P(L.reference, bug=bug, micro=micro),
                                        dist.world_size, steps=4, record="optimizer")

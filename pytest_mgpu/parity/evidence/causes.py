@@ -85,7 +85,11 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("lr-factor", "the learning rate differs", SAME_LR, "The lr is scaled (by the world size or the global "
           "batch) on one side."),
     Cause("lr-faster", "the learning rate differs", "call scheduler.step() right after optimizer.step(), once per step",
-          "The scheduler is stepped per micro-batch (several times per optimizer step)."),
+          "The scheduler is stepped per micro-batch (several times per optimizer step).",
+          lambda x, f: f.rank_backwards > 1),
+    Cause("lr-faster", "the learning rate differs", "step the scheduler once per optimizer step, and build it for the "
+          "reference's number of steps", "The ranks' schedule runs faster: a scheduler stepped more than once per "
+          "optimizer step, or built for fewer steps (another total_steps, step_size or warm-up)."),
     Cause("lr-schedule", "the learning rate differs", "step and restore the scheduler alike on both sides",
           "A scheduler stepped at another rate or point, created with other arguments, restarted, or not restored "
           "with a checkpoint (its state_dict saved and loaded beside the optimizer's)."),

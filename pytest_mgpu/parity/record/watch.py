@@ -46,6 +46,7 @@ class Inputs:
     raw_norms: List[float] = field(default_factory=list)  # per backward pass: the total gradient norm it left (NaN: sharded)
     zeroed: List[int] = field(default_factory=list)  # backward passes (1-based) before which every gradient was zero again
     where: Dict[str, List[str]] = field(default_factory=dict)  # hook kind -> "file:line" in the user's code (where.py)
+    eval_rows: List[float] = field(default_factory=list)  # rows of forwards in eval mode (validation, where others train)
 
     def loss(self) -> float:
         """The step's loss, combined as its gradients are: the sum of the scalars backpropagated
@@ -84,6 +85,20 @@ def _first_tensor(args, kwargs):
         if isinstance(value, torch.Tensor) and not value.is_complex():
             return value
     return None
+
+
+def in_function(depth: int = 16) -> bool:
+    """Called inside a custom ``autograd.Function``'s forward (reentrant activation checkpointing runs
+    its module there, with gradients off): a training forward all the same."""
+    frame: Optional[FrameType] = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return False
+        name = frame.f_code.co_filename.replace("\\", "/")
+        if name.endswith(("torch/autograd/function.py", "torch/utils/checkpoint.py")):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def pipeline_inference(depth: int = 12) -> bool:
@@ -171,15 +186,28 @@ class Watch:
                 self.stateful.setdefault(id(module), module)  # a loss module with state (DINO's center)
             return None  # a loss module, a parameter-free wrapper call
         self.roots.setdefault(id(module), module)
-        add(self._inputs.where, "forward", user_line())
-        x = _first_tensor(args, kwargs or {})
-        if x is not None and not hasattr(x, "full_tensor"):
-            self._inputs.rows += fingerprint(x)
-        self._inputs.calls += 1
         for dev in ("cpu", "cuda"):
             if not self.autocast and torch.is_autocast_enabled(dev):
                 self.autocast = str(torch.get_autocast_dtype(dev)).replace("torch.", "")
+        self._rows(module, _first_tensor(args, kwargs or {}))
         return None
+
+    def _rows(self, module, x) -> None:
+        """The rows of an outermost forward: a training input where it runs with gradients (a forward
+        under ``no_grad`` validates or feeds a teacher); one in eval mode is kept apart, and counts only
+        where the step ran no forward in training mode (a model trained in eval mode)."""
+        import torch
+
+        if not torch.is_grad_enabled() and not in_function():
+            add(self._inputs.where, "forward under no_grad", user_line(2))
+            return
+        add(self._inputs.where, "forward", user_line(2))
+        rows = fingerprint(x) if x is not None and not hasattr(x, "full_tensor") else []
+        if module.training:
+            self._inputs.rows += rows
+            self._inputs.calls += 1
+        else:
+            self._inputs.eval_rows += rows
 
     def _post(self, module, args, output):
         self._depth = max(0, self._depth - 1)
@@ -188,6 +216,8 @@ class Watch:
     def take_inputs(self) -> Inputs:
         """The rows seen since the last step; starts the next step's."""
         got, self._inputs, self._depth = self._inputs, Inputs(), 0
+        if got.eval_rows and not got.rows:  # every forward of the step in eval mode: those are its inputs
+            got.rows, got.eval_rows = got.eval_rows, []
         return got
 
     @contextlib.contextmanager
@@ -254,7 +284,7 @@ class Watch:
         now = self._inputs
         self._inputs = Inputs(seen.rows + now.rows, seen.calls + now.calls, seen.losses + now.losses,
                               seen.pipeline or now.pipeline, seen.clips + now.clips, seen.raw_norms + now.raw_norms,
-                              seen.zeroed + now.zeroed, merged(seen.where, now.where))
+                              seen.zeroed + now.zeroed, merged(seen.where, now.where), seen.eval_rows + now.eval_rows)
 
     def saw_loss(self, loss, caller: str) -> None:
         self.loss = loss
