@@ -59,13 +59,20 @@ def _average(model: nn.Module, world: int, skip: str = "", divide: bool = True) 
             p.grad.div_(world)
 
 
-def hand_dp(world_size: int, bug: str = "", steps: int = 4, micro: int = 1) -> None:
-    """Hand-written data parallelism: all_reduce SUM, then divide; ``micro`` accumulated micro-batches."""
+def hand_dp(world_size: int, bug: str = "", steps: int = 4, micro: int = 1, validate: bool = False) -> None:
+    """Hand-written data parallelism: all_reduce SUM, then divide; ``micro`` accumulated micro-batches;
+    ``validate``: rank 0 runs a validation forward after each step (not a bug)."""
     torch.manual_seed(0 + (_rank() if bug == "seed_apart" else 0))
     net = Net()
     teacher = Teacher(net) if bug.startswith("ema") or bug == "teacher" else None
     opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=0.9)
     for step in range(steps):
+        if validate and _rank() == 0:  # rank 0 validates first: not a bug, and not training rows
+            net.eval()
+            with torch.no_grad():
+                net(batch(1000 + step)[0])
+            net(batch(2000 + step)[0][:8]).sum()  # in eval mode, no backward
+            net.train()
         x, y = (t.chunk(world_size)[_rank()] for t in batch(step))
         opt.zero_grad()
         for xm, ym in zip(x.chunk(micro), y.chunk(micro)):
@@ -83,12 +90,6 @@ def hand_dp(world_size: int, bug: str = "", steps: int = 4, micro: int = 1) -> N
                 net.head.weight.mul_(1.01)  # a change outside the optimizer, on one rank
         if teacher is not None and not (bug == "ema_rank0_only" and _rank() != 0):
             teacher.update(net, momentum=0.8 if bug == "ema_momentum" else 0.9)
-        if bug == "validate" and _rank() == 0:  # rank 0 validates: not a bug, and not training rows
-            net.eval()
-            with torch.no_grad():
-                net(batch(1000 + step)[0])
-            net(batch(2000 + step)[0][:8]).sum()  # in eval mode, no backward
-            net.train()
 
 
 def reference(world_size: int, bug: str = "", steps: int = 4, micro: int = 1) -> None:
