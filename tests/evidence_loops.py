@@ -192,3 +192,26 @@ def scheduled(world_size: int, bug: str = "", steps: int = 4, micro: int = 1, re
         opt.step()
         if bug != "sched_micro" or reference:
             sched.step()
+
+
+def amp_scaled(world_size: int, bug: str = "", steps: int = 4, reference: bool = False) -> None:
+    """A GradScaler (CPU, float32: its scale multiplies the loss) with clipping, hand-written data
+    parallelism (``reference=True``: one device, the global batch). Bug on the ranks: ``clip_scaled``
+    (clip_grad_norm_ before scaler.unscale_: the clip sees the scaled gradients)."""
+    torch.manual_seed(0)
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu")
+    for step in range(steps):
+        x, y = batch(step) if reference else (t.chunk(world_size)[_rank()] for t in batch(step))
+        opt.zero_grad()
+        scaler.scale(nn.functional.mse_loss(net(x), y)).backward()
+        if not reference:
+            _average(net, world_size)
+        if bug == "clip_scaled" and not reference:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 0.5)  # before unscale_: clips scaled gradients
+        else:
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 0.5)
+        scaler.step(opt)
+        scaler.update()

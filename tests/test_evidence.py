@@ -174,3 +174,20 @@ def test_a_validation_forward_is_not_a_training_input(dist):
     assert line.startswith("likely cause: gradients scaled by the world size"), line
     assert dist.assert_same_training(P(L.hand_dp, validate=True), L.reference, dist.world_size, steps=4,
                                      record="optimizer").passed
+
+
+@world_sizes(2)
+def test_a_factor_equal_to_the_grad_scalers_scale_names_the_scaler_and_its_order(dist):
+    """clip_grad_norm_ before scaler.unscale_: the factor is the scaler's scale (65536), not a loss reduction;
+    the cause names the scaler and the order of unscale_ and the clip; the correct order passes."""
+    assert dist.assert_same_training(L.amp_scaled, P(L.amp_scaled, reference=True), dist.world_size, steps=4,
+                                     record="optimizer").passed
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(P(L.amp_scaled, bug="clip_scaled"), P(L.amp_scaled, reference=True),
+                                  dist.world_size, steps=4, record="optimizer")
+    text = str(info.value)
+    line = first_cause(text)
+    print(line)
+    assert line.startswith("likely cause: gradients clipped while still multiplied by the GradScaler's scale 65536, "
+                           "with clip_grad_norm_ before scaler.unscale_ ("), line
+    assert "reduction='mean'" not in line and "Fix: call scaler.unscale_(optimizer) before clip_grad_norm_" in line, line

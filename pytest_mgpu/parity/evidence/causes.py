@@ -39,6 +39,33 @@ def local_batch(x: Finding, f: UserFacts) -> bool:
     return rows > 1 and _near(x.value, rows)
 
 
+def scale_of(f: UserFacts, step: int) -> float:
+    """The GradScaler scale rank 0 scaled its loss by at ``step`` (NaN: no scaler)."""
+    per_rank = f.rank_scaler[step] if step < len(f.rank_scaler) else []
+    return float(per_rank[0][0]) if per_rank and per_rank[0] else math.nan
+
+
+def scaled(x: Finding, f: UserFacts) -> bool:
+    """The factor is the ranks' GradScaler scale (or its inverse): gradients or norms still scaled."""
+    k = scale_of(f, x.step)
+    return math.isfinite(k) and k > 1 and (_near(x.value, k) or _near(x.value, 1 / k))
+
+
+def scaler_order(f: UserFacts, step: int) -> str:
+    """The ranks' GradScaler scale and what their step did with it, in order: ``65536, with
+    clip_grad_norm_ before scaler.unscale_``."""
+    per_rank = f.rank_scaler[step] if step < len(f.rank_scaler) else []
+    order = list(per_rank[0][1]) if per_rank and per_rank[0] else []
+    said = f"{scale_of(f, step):g}"
+    if "clip" in order and "unscale_" in order:
+        first = order.index("clip") < order.index("unscale_")
+        return said + (", with clip_grad_norm_ before scaler.unscale_" if first else
+                       ", with scaler.unscale_ before clip_grad_norm_")
+    if "clip" in order:
+        return said + ", with clip_grad_norm_ and no scaler.unscale_ in the step"
+    return said
+
+
 def below(x: Finding, f: UserFacts) -> bool:
     return math.isfinite(x.value) and x.value < 1
 
@@ -126,6 +153,8 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "every epoch, on every side", "A DistributedSampler shuffles with seed + epoch."),
     Cause("data-restart", "data repeated", "restore the epoch and the position in it with the checkpoint",
           "The data iterator started over instead of resuming."),
+    Cause("loss-factor", "the loss backpropagated is multiplied by a GradScaler's scale on one side only",
+          "scale alike on both sides (a GradScaler in the reference too), or backpropagate the unscaled loss", "", scaled),
     Cause("loss-factor", "gradient accumulation without dividing the loss", ACCUM, ACCUM_WHY, passes),
     Cause("loss-factor", "the loss is scaled by the world size", "backpropagate the plain mean loss",
           "The loss is multiplied by the world size before backward; DDP already averages the gradients.", world),
@@ -150,6 +179,9 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "One side clips by hand (with a norm of its local shards) or not at all."),
     Cause("clip-ranks", CLIP, "clip on every rank, with the norm of the whole model's gradients (clip_grad_norm_ on "
           "DTensor parameters reduces it over the mesh)", "Clipped on some ranks only, or with each rank's own norm."),
+    Cause("clip-norm", "gradients clipped while still multiplied by the GradScaler's scale", "call "
+          "scaler.unscale_(optimizer) before clip_grad_norm_, then scaler.step(optimizer)", "The clip saw the scaled "
+          "gradients' norm, so it clipped by a factor the scale sets.", scaled),
     Cause("clip-norm", "gradient accumulation without dividing the loss", ACCUM, ACCUM_WHY, passes),
     Cause("clip-norm", CLIP, "backpropagate the mean loss, and let DDP/FSDP average (or divide an all_reduce SUM by "
           "the world size)", "The loss is scaled by the world size, or gradients summed instead of averaged.", world),
@@ -169,6 +201,9 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("grads-unsynced", "gradients are not synchronized between ranks", "all_reduce every gradient and divide by "
           "the world size (or train through DDP's wrapper, not its .module), and use no_sync() only on "
           "accumulation steps", "Each rank steps with its own shard's gradients."),
+    Cause("grads-factor", "the gradients still carry the GradScaler's scale", "step through "
+          "scaler.step(optimizer), which unscales first, and call scaler.unscale_(optimizer) before clipping or "
+          "changing the gradients", "", scaled),
     Cause("grads-factor", "gradient accumulation without dividing the loss", ACCUM, ACCUM_WHY, passes),
     Cause("grads-factor", "gradients scaled by the world size", "divide the all-reduced gradients by the world size "
           "(or ReduceOp.AVG)", "They are summed over ranks and not divided (an all_reduce SUM or a communication "
@@ -226,6 +261,8 @@ def said(x: Finding, f: UserFacts) -> str:
     what = cause.what + (f" ({x.names[0]})" if x.signal in ("hyper", "grads-precision") and x.names else "")
     at = located(x, f)
     evidence = x.evidence if not at or len(x.evidence) <= EVIDENCE else x.evidence[:EVIDENCE - 3].rstrip() + "..."
+    if cause.when is scaled:
+        what = f"{what} {scaler_order(f, x.step)}"
     return " ".join(p for p in (f"{what} ({evidence}){' ' + at if at else ''}. Fix: {fix}.", why, x.detail) if p)
 
 

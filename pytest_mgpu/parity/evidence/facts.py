@@ -62,3 +62,5 @@ class UserFacts(RunFacts):
     ref_untrained: List[Dict[str, float]] = field(default_factory=list)  # per step: the reference's
     rank_where: List[List[Dict[str, Tuple[str, ...]]]] = field(default_factory=list)  # per step, per rank: kind -> "file:line"
     ref_where: List[Dict[str, Tuple[str, ...]]] = field(default_factory=list)  # per step: the reference's
+    rank_scaler: List[List[tuple]] = field(default_factory=list)  # per step, per rank: (GradScaler scale, call order)
+    ref_scaler: List[tuple] = field(default_factory=list)  # per step: the reference's

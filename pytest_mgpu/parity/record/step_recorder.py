@@ -95,7 +95,7 @@ class StepRecorder:
                                        untrained_state(prefixed(self.watch.model_roots(), merge=False), named,
                                                        list(self.watch.stateful.values())),
                                        seen.raw_norms[-1] if seen.raw_norms else float("nan"), seen.zeroed,
-                                       eval_modes(models), frozen(seen.where)))
+                                       eval_modes(models), frozen(seen.where), (seen.scale, tuple(seen.order))))
         if self.on_first and len(self.side.steps) == 1:
             self.on_first(self.side)
 

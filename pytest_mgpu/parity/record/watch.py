@@ -47,6 +47,8 @@ class Inputs:
     zeroed: List[int] = field(default_factory=list)  # backward passes (1-based) before which every gradient was zero again
     where: Dict[str, List[str]] = field(default_factory=dict)  # hook kind -> "file:line" in the user's code (where.py)
     eval_rows: List[float] = field(default_factory=list)  # rows of forwards in eval mode (validation, where others train)
+    scale: float = math.nan  # the GradScaler's scale its last scale(loss) multiplied by (NaN: no scaler)
+    order: List[str] = field(default_factory=list)  # "scale", "unscale_", "clip" in the order the loop called them
 
     def loss(self) -> float:
         """The step's loss, combined as its gradients are: the sum of the scalars backpropagated
@@ -151,6 +153,31 @@ def scheduler_steps(watch: "Watch") -> List[Tuple[Any, str, Any]]:
     classes = [c for c in vars(lr_scheduler).values() if inspect.isclass(c) and issubclass(c, lr_scheduler.LRScheduler)
                and "step" in vars(c)]
     return [(c, "step", observing(vars(c)["step"])) for c in classes]
+
+
+def scaler_calls(watch: "Watch") -> List[Tuple[Any, str, Any]]:
+    """The patches that note a ``torch.amp.GradScaler``'s scale (what ``scale(loss)`` multiplied by) and
+    the order of its ``unscale_`` against ``clip_grad_norm_`` (a clip before ``unscale_`` clips scaled
+    gradients), where torch has one."""
+    amp = sys.modules.get("torch.amp")
+    scaler = getattr(amp, "GradScaler", None)
+    if scaler is None:
+        return []
+    scale, unscale = scaler.scale, scaler.unscale_
+
+    def observed_scale(self, outputs):
+        out = scale(self, outputs)
+        if self.is_enabled() and getattr(self, "_scale", None) is not None:
+            with quiet():
+                watch.saw_scaler("scale", float(self._scale.reshape(-1)[0]))
+        return out
+
+    def observed_unscale(self, optimizer):
+        if self.is_enabled():
+            watch.saw_scaler("unscale_")
+        return unscale(self, optimizer)
+
+    return [(scaler, "scale", observed_scale), (scaler, "unscale_", observed_unscale)]
 
 
 class Watch:
@@ -267,7 +294,7 @@ class Watch:
                    (torch.nn.utils.clip_grad, "clip_grad_norm_", observed_clip)]
         if clip_with_norm is not None:  # the public two-part API (get_total_norm, then this)
             patches.append((torch.nn.utils, "clip_grads_with_norm_", observed_clip_with_norm))
-        patches += fsdp1_clip(watch) + scheduler_steps(watch)
+        patches += fsdp1_clip(watch) + scheduler_steps(watch) + scaler_calls(watch)
         saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
         for owner, name, patched in patches:
             setattr(owner, name, patched)
@@ -284,7 +311,8 @@ class Watch:
         now = self._inputs
         self._inputs = Inputs(seen.rows + now.rows, seen.calls + now.calls, seen.losses + now.losses,
                               seen.pipeline or now.pipeline, seen.clips + now.clips, seen.raw_norms + now.raw_norms,
-                              seen.zeroed + now.zeroed, merged(seen.where, now.where), seen.eval_rows + now.eval_rows)
+                              seen.zeroed + now.zeroed, merged(seen.where, now.where), seen.eval_rows + now.eval_rows,
+                              now.scale if now.order else seen.scale, seen.order + now.order)
 
     def saw_loss(self, loss, caller: str) -> None:
         self.loss = loss
@@ -320,11 +348,19 @@ class Watch:
         """The clippings seen in the step under way."""
         return self._inputs.clips
 
+    def saw_scaler(self, call: str, scale: float = math.nan) -> None:
+        self._inputs.order.append(call)
+        if call == "scale":
+            self._inputs.scale = scale
+        else:
+            add(self._inputs.where, "scaler.unscale_", user_line())
+
     def saw_schedule(self) -> None:
         add(self._inputs.where, "scheduler.step", user_line())
 
     def saw_clip(self, total, max_norm) -> None:
         add(self._inputs.where, "clip_grad_norm_", user_line())
+        self._inputs.order.append("clip")
         with quiet():
             norm = full_tensor(total)
         self._inputs.clips.append((float(norm), float(max_norm), hasattr(total, "to_local")))
