@@ -278,12 +278,9 @@ class Dist:
             timeout: Seconds per side's launch, as for ``run``.
             fn_kwargs: Keywords for ``fn`` only, over ``**kwargs`` (a bug flag in ``**kwargs`` trains both).
             reference_kwargs: Keywords for ``reference_fn`` only, over ``**kwargs``.
-            optimizer_options: ``record="optimizer"``: how the optimizers' param-group options are
-                judged. "same" (the default): every option (the lr at every step, weight decay,
-                momentum, betas, eps ...) must equal the reference's beyond float rounding, or the
-                check fails on that alone. "ignore": not judged (only their effect on the tensors
-                is). A list of names (e.g. ``["lr"]``, an lr scaled by the world size on purpose):
-                those are left out.
+            optimizer_options: "same": the param-group options (lr at every step, weight decay,
+                momentum, betas, eps) must equal the reference's beyond float rounding, or the check
+                fails on that alone; "ignore", or the names to leave out (``["lr"]``): not judged.
             **kwargs: Passed to both.
 
         Returns:
@@ -295,19 +292,11 @@ class Dist:
             RankFailure: A rank raised, hung or died.
         """
         __tracebackhide__ = True
-        from .parity.judge.options import check_rule
-        from .parity.judged_options import judged
-        from .parity.training import assert_same_training
+        from .parity.judged_options import same_training
 
-        rule = check_rule(optimizer_options)
-
-        def call() -> ParityReport:
-            __tracebackhide__ = True
-            return assert_same_training(self, fn, reference_fn, *args, steps=steps, record=record,  # type: ignore[arg-type]
-                                        spawn=spawn, rtol=rtol, atol=atol, timeout=timeout, fn_kwargs=fn_kwargs,
-                                        reference_kwargs=reference_kwargs, **kwargs)
-
-        return judged(call, rule)
+        return same_training(self, fn, reference_fn, *args, optimizer_options=optimizer_options, steps=steps,
+                             record=record, spawn=spawn, rtol=rtol, atol=atol, timeout=timeout, fn_kwargs=fn_kwargs,
+                             reference_kwargs=reference_kwargs, **kwargs)
 
     def assert_resumes(self, fn: Callable[..., Any], *args: Any, steps: int, stop_after: int,
                        world_size_after: Optional[int] = None, spawn: bool = False,

@@ -4,8 +4,21 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .judge.options import OptionsRule, differences
+from .judge.options import OptionsRule, check_rule, differences
 from .report import ParityError
+from .training import assert_same_training
+
+
+def same_training(dist, fn, reference_fn, *args, optimizer_options: Any = "same", **kwargs) -> Any:
+    """``assert_same_training`` with the optimizers' options judged by ``optimizer_options``."""
+    __tracebackhide__ = True
+    rule = check_rule(optimizer_options)
+
+    def call() -> Any:
+        __tracebackhide__ = True
+        return assert_same_training(dist, fn, reference_fn, *args, **kwargs)
+
+    return judged(call, rule)
 
 
 def judged(call: Callable[[], Any], rule: OptionsRule) -> Any:
