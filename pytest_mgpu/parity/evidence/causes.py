@@ -106,6 +106,10 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("start-apart", "the ranks start from different weights", "seed every rank alike before building the model, "
           "or broadcast rank 0's parameters (DDP's constructor does; FSDP1: sync_module_states=True)",
           "The model is initialised per rank (a seed that depends on the rank) and never broadcast."),
+    Cause("shard-slice", "a rank holds another slice of a weight sharded by hand than its own", "slice each rank's "
+          "piece out of the same full weight at [rank * size:(rank + 1) * size] along the sharded dimension (as the "
+          "one-device model holds it), for every tensor-parallel layer", "The slice index or size is computed "
+          "otherwise on some rank (an off-by-one, the wrong rank or group used, or another split of a fused weight)."),
     Cause("start-other", "fn and reference_fn start from different weights", "seed both sides alike right before "
           "building the model, or load one state_dict into both"),
     Cause("lr-rank", "one rank's learning rate differs", SAME_OPT),
@@ -192,6 +196,11 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "after optimizer.step() (with accumulation: after the step, not after each micro-batch)"),
     Cause("grads-zeroed-micro", "gradients zeroed between micro-batches", "call optimizer.zero_grad() once per "
           "optimizer step, after optimizer.step(), not inside the accumulation loop"),
+    Cause("grads-tp-unreduced", "gradients not reduced across the tensor-parallel group", "all_reduce the input's "
+          "gradient over the tensor-parallel group in the backward of the function that copies activations into the "
+          "parallel layers (Megatron's copy_to_tensor_model_parallel_region: identity forward, all_reduce backward)",
+          "A layer sharded by hand returns each rank's partial gradient of its input; without the all_reduce the "
+          "layers before it train on a part of their gradient.", lambda x, f: bool(f.hand_sharded)),
     Cause("grads-tp-unreduced", "gradients not reduced across the tensor-parallel group", "put the module in "
           "parallelize_module's plan so its weight becomes a Replicate DTensor whose gradient is reduced, or "
           "all_reduce that gradient over the tp mesh's group before optimizer.step()"),
