@@ -12,12 +12,14 @@ from ..brief import HEAD_BUDGET, cited, fit, sentence
 from .evidence.causes import NO_CAUSE, likely_causes
 from .evidence.facts import UserFacts
 from .evidence.finding import Report
+from .judge.options import shown
 from .records import KINDS
 
 WORST_ROWS = 10
 # A cause's location, as evidence.located says it, at the end of its what: " at f.py:84 (scheduler.step)"
-AT = re.compile(r" (?:at|between) [^ ()]+:\d+(?:, [^ ()]+:\d+)? \([^)]*\)(?: and [^ ()]*:\d+(?:, [^ ()]+:\d+)? \([^)]*\))?$")
-FIX_KEPT = 120  # characters of the fix a shortened cause line keeps
+AT = re.compile(r" at [^ ()]+:\d+(?:, [^ ()]+:\d+)? \([^)]*\)(?: to [^ ()]*:\d+(?:, [^ ()]+:\d+)? \([^)]*\))?$")
+FIX_LEAST = 40  # fewer characters of the fix than this: the line points to the list of causes instead
+FIX_BELOW = "see below"
 OPTIONS_NOTE = ("the optimizer's options (lr at every step, weight decay, momentum, betas, eps) are judged exactly, "
                 "beyond float rounding; where they differ on purpose, pass optimizer_options='ignore', or the names "
                 "to leave out, e.g. optimizer_options=['lr']")
@@ -93,11 +95,13 @@ def headline(report: Report) -> str:
         at = failures[0][0]
         n_bad = len({(e.kind, e.name) for s, e, _ in failures if s == at})
         said.append(f"{n_bad} of {n_all} tensors exceed the tolerance" + (f" from step {at}" if at != first else ""))
-    if options:
+    if options and not failures:
         said.append(options[0].words(brief=True) + (f" (and {len(options) - 1} more option(s))" if len(options) > 1 else ""))
-        if not failures:
-            said.append(f"every tensor is within the line (at most {report.worst_ratio:.2g} of it)")
-    return (f"{report.describe(keywords=False)} diverges from one device at step {first} (of {len(report.records)}): "
+        said.append(f"every tensor is within the line (at most {report.worst_ratio:.2g} of it)")
+    elif options and options[0].step < failures[0][0]:
+        said.append(f"the optimizer's {shown(options[0].option)} differs from step {options[0].step}")
+    where = report.where.split(" (", 1)[0]  # "2 x cpu": the backend is in the notes' tolerance line
+    return (f"{report.facts.strategy} on {where} diverges from one device at step {first} (of {len(report.records)}): "
             + "; ".join(said))
 
 
@@ -111,6 +115,7 @@ def failure_message(report: Report) -> str:
         f"likely cause: {lead(report, causes[0], room)}" if causes[0] is not NO_CAUSE else "likely cause: none known (below)",
     ]) + [
         f"tolerance: {report.tolerance.describe()}",
+        *([f"note: ran on {report.where}"] if " (" in report.where else []),
         *[f"note: {d.words()}" for d in options],
         *([f"note: {OPTIONS_NOTE}"] if options else []),
         *([f"note: {report.keywords}"] if report.keywords else []),
@@ -133,8 +138,9 @@ def failure_message(report: Report) -> str:
 
 def lead(report: Report, cause: str, room: int = 400) -> str:
     """The first cause as its line, within ``room`` characters: ``<what> (<evidence>) at <file:line>
-    (<call>). Fix: <the fix's first sentence>``; where it is too long the evidence is shortened first,
-    so that the location and the fix stay."""
+    (<call>). Fix: <the fix's first sentence>``; too long, the fix is cut first and then, where no room
+    is left for its start, said to be below (the evidence cut only as far as the location needs).
+    Without a location the line is cut at its end."""
     if not isinstance(report.facts, UserFacts):
         return cited(cause)
     if ". Fix: " not in cause:
@@ -144,8 +150,13 @@ def lead(report: Report, cause: str, room: int = 400) -> str:
     at = AT.search(what)
     where = at.group(0) if at else ""
     body = what[:at.start()] if at else what
-    keep = room - len(where) - len(". Fix: ") - min(len(fix), FIX_KEPT)
-    if len(body) + len(where) + len(". Fix: ") + len(fix) > room and len(body) > keep:
-        body = body[:keep - 4].rstrip() + "...)" if keep > 40 else body.split(" (", 1)[0]  # no room: its what alone
     line = f"{body}{where}. Fix: {fix}"
-    return line if len(line) <= room else line[:room - 3] + "..."
+    if len(line) <= room or not where:
+        return line if len(line) <= room else line[:room - 3] + "..."
+    space = room - len(body) - len(where) - len(". Fix: ")
+    if space >= FIX_LEAST:  # the evidence and the location whole, the fix as far as it goes
+        return f"{body}{where}. Fix: {fix[:space - 3].rstrip()}..."
+    tail = f"{where}. Fix: {FIX_BELOW}"  # no room for the fix's words: they are in the list below
+    if len(body) + len(tail) > room:
+        body = body[:room - len(tail) - 4].rstrip() + "...)"
+    return body + tail

@@ -57,8 +57,8 @@ def _side(f: UserFacts, x: Finding, kind: str) -> Tuple[Tuple[str, ...], str]:
 
 
 def located(x: Finding, f: UserFacts) -> str:
-    """``"at train.py:84 (scheduler.step)"`` for the finding's phase, ``"between train.py:80 (backward)
-    and train.py:83 (optimizer.step)"`` for the gradients; "" where no call made it or none was seen."""
+    """``"at train.py:84 (scheduler.step)"`` for the finding's phase, ``"at train.py:80 (backward) to :83
+    (optimizer.step)"`` for the gradients; "" where no call made it or none was seen."""
     kinds = kinds_of(x.signal)
     said: List[str] = []
     for kind in kinds:
@@ -70,6 +70,6 @@ def located(x: Finding, f: UserFacts) -> str:
     if len(said) == 2:
         head = said[0].split(":", 1)[0] + ":"
         later = said[1][len(head) - 1:] if said[1].startswith(head) else said[1]  # one file: named once
-        return f"between {said[0]} and {later}"
+        return f"at {said[0]} to {later}"
     return f"at {said[0]}"
 

@@ -1,6 +1,6 @@
 """Where in the user's code a recorder's hook fired: the innermost frame of the call stack outside
-torch, this plugin, the standard library and installed packages, as ``"file:line"`` (the file
-relative to the working directory, or its name where it lies outside it).
+torch, this plugin, the standard library and installed packages, as ``"file:line"`` (the file by
+its name).
 
 A hook fires inside torch (``Tensor.backward`` -> ``torch.autograd.backward``, ``Optimizer.step``'s
 wrapper, ``Module.__call__``), often inside a library that wraps the user's call (accelerate's
@@ -52,13 +52,9 @@ def library(filename: str) -> bool:
 
 @functools.lru_cache(maxsize=4096)
 def shown(filename: str) -> str:
-    """The file as a message shows it: relative to the working directory, or its name."""
-    path = os.path.abspath(filename)
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:  # another drive
-        return os.path.basename(path)
-    return os.path.basename(path) if rel.startswith("..") else rel
+    """The file as a message shows it: its name (a cause line has little room; the loop's author knows
+    which file holds it)."""
+    return os.path.basename(filename)
 
 
 def user_line(skip: int = 1) -> str:
