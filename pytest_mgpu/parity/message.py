@@ -100,7 +100,8 @@ def headline(report: Report) -> str:
         said.append(f"every tensor is within the line (at most {report.worst_ratio:.2g} of it)")
     elif options and options[0].step < failures[0][0]:
         said.append(f"the optimizer's {shown(options[0].option)} differs from step {options[0].step}")
-    where = report.where.split(" (", 1)[0]  # "2 x cpu": the backend is in the notes' tolerance line
+    # the user's loops: "2 x cpu", the backend in a note (their cause line needs the room)
+    where = report.where.split(" (", 1)[0] if isinstance(report.facts, UserFacts) else report.where
     return (f"{report.facts.strategy} on {where} diverges from one device at step {first} (of {len(report.records)}): "
             + "; ".join(said))
 
@@ -115,7 +116,7 @@ def failure_message(report: Report) -> str:
         f"likely cause: {lead(report, causes[0], room)}" if causes[0] is not NO_CAUSE else "likely cause: none known (below)",
     ]) + [
         f"tolerance: {report.tolerance.describe()}",
-        *([f"note: ran on {report.where}"] if " (" in report.where else []),
+        *([f"note: ran on {report.where}"] if " (" in report.where and isinstance(report.facts, UserFacts) else []),
         *[f"note: {d.words()}" for d in options],
         *([f"note: {OPTIONS_NOTE}"] if options else []),
         *([f"note: {report.keywords}"] if report.keywords else []),
