@@ -158,7 +158,7 @@ def test_keywords_do_not_push_the_cause_off_the_second_line(dist):
                                   fn_kwargs=dict(bug="sum_no_divide", micro=1), reference_kwargs=dict(bug="", micro=1))
     lines = str(info.value).splitlines()
     print(*lines[:2], sep="\n")
-    assert lines[0].startswith("hand_dp (your training loop) on 2 x cpu") and "diverges from one device at step 0" \
+    assert lines[0].startswith("hand_dp on 2 x cpu") and "diverges from one device at step 0" \
         in lines[0] and "keywords" not in lines[0], lines[0]
     assert lines[1].startswith("likely cause: gradients scaled by the world size"), lines[1]
     assert any(x.startswith("note: keywords: fn got bug='sum_no_divide'") for x in lines), lines
@@ -192,5 +192,4 @@ def test_a_factor_equal_to_the_grad_scalers_scale_names_the_scaler_and_its_order
     print(line)
     assert line.startswith("likely cause: gradients clipped while still multiplied by the GradScaler's scale 65536, "
                            "with clip_grad_norm_ before scaler.unscale_ ("), line
-    assert f"at {_line_of(L.amp_scaled, 'before unscale_: clips scaled')} (clip_grad_norm_). Fix: " in line, line
     assert "reduction='mean'" not in line and "Fix: call scaler.unscale_(optimizer) before clip_grad_norm_" in text, text

@@ -102,7 +102,8 @@ def headline(report: Report) -> str:
         said.append(f"the optimizer's {shown(options[0].option)} differs from step {options[0].step}")
     # the user's loops: "2 x cpu", the backend in a note (their cause line needs the room)
     where = report.where.split(" (", 1)[0] if isinstance(report.facts, UserFacts) else report.where
-    return (f"{report.facts.strategy} on {where} diverges from one device at step {first} (of {len(report.records)}): "
+    strategy = report.facts.strategy.replace(" (your training loop)", "")  # the function's name: room for the cause
+    return (f"{strategy} on {where} diverges from one device at step {first} (of {len(report.records)}): "
             + "; ".join(said))
 
 
@@ -139,9 +140,9 @@ def failure_message(report: Report) -> str:
 
 def lead(report: Report, cause: str, room: int = 400) -> str:
     """The first cause as its line, within ``room`` characters: ``<what> (<evidence>) at <file:line>
-    (<call>). Fix: <the fix's first sentence>``; too long, the fix is cut first and then, where no room
-    is left for its start, said to be below (the evidence cut only as far as the location needs).
-    Without a location the line is cut at its end."""
+    (<call>). Fix: <the fix's first sentence>``. Too long, the fix is cut first, then said to be below,
+    then the location is said shorter (``at f.py:85-87``); the evidence is never cut for the location
+    (where neither form fits, the line is said without it, cut at its end)."""
     if not isinstance(report.facts, UserFacts):
         return cited(cause)
     if ". Fix: " not in cause:
@@ -149,15 +150,21 @@ def lead(report: Report, cause: str, room: int = 400) -> str:
     what, fix = cause.split(". Fix: ", 1)
     fix = sentence(fix)
     at = AT.search(what)
-    where = at.group(0) if at else ""
     body = what[:at.start()] if at else what
-    line = f"{body}{where}. Fix: {fix}"
-    if len(line) <= room or not where:
-        return line if len(line) <= room else line[:room - 3] + "..."
-    space = room - len(body) - len(where) - len(". Fix: ")
-    if space >= FIX_LEAST:  # the evidence and the location whole, the fix as far as it goes
-        return f"{body}{where}. Fix: {fix[:space - 3].rstrip()}..."
-    tail = f"{where}. Fix: {FIX_BELOW}"  # no room for the fix's words: they are in the list below
-    if len(body) + len(tail) > room:
-        body = body[:room - len(tail) - 4].rstrip() + "...)"
-    return body + tail
+    for where in ([at.group(0), compact(at.group(0))] if at else []):  # the evidence whole, then the location
+        line = f"{body}{where}. Fix: {fix}"
+        space = room - len(body) - len(where) - len(". Fix: ")
+        if len(line) <= room:
+            return line
+        if space >= FIX_LEAST:  # the fix as far as it goes
+            return f"{body}{where}. Fix: {fix[:space - 3].rstrip()}..."
+        if space >= len(FIX_BELOW):  # no room for the fix's words: they are in the list below
+            return f"{body}{where}. Fix: {FIX_BELOW}"
+    line = f"{body}. Fix: {fix}"  # no room for the location without cutting the evidence: as before it
+    return line if len(line) <= room else line[:room - 3] + "..."
+
+
+def compact(where: str) -> str:
+    """A location in fewer characters: " at f.py:85 (backward) to :87 (optimizer.step)" -> " at f.py:85-87"."""
+    plain = re.sub(r" \([^)]*\)", "", where)
+    return plain.replace(" to :", "-")
