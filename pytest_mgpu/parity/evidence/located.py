@@ -47,12 +47,14 @@ def _lines(per_step: List[Dict[str, Tuple[str, ...]]], step: int, kind: str) -> 
 
 
 def _side(f: UserFacts, x: Finding, kind: str) -> Tuple[Tuple[str, ...], str]:
-    """(locations, whose): the ranks' (the rank the finding names), else the reference's."""
-    r = _rank_of(x)
-    mine = [per_rank[r] if r < len(per_rank) else {} for per_rank in f.rank_where]
-    got = _lines(mine, x.step, kind)
-    if got:
-        return got, ""
+    """(locations, whose): the ranks' (the rank the finding names first, then the others: a call made on
+    some ranks only), else the reference's."""
+    first = _rank_of(x)
+    world = max((len(per_rank) for per_rank in f.rank_where), default=0)
+    for r in [first] + [r for r in range(world) if r != first]:
+        got = _lines([per_rank[r] if r < len(per_rank) else {} for per_rank in f.rank_where], x.step, kind)
+        if got:
+            return got, ""
     return _lines(f.ref_where, x.step, kind), REFERENCE
 
 
