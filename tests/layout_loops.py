@@ -216,3 +216,26 @@ def unfuse_qkv(pieces):
     """``shards=`` for the fused qkv weight: each rank's [q_r; k_r; v_r] into [q; k; v]."""
     qs, ks, vs = zip(*(p.chunk(3) for p in pieces))
     return torch.cat([torch.cat(qs), torch.cat(ks), torch.cat(vs)])
+
+
+def closure_train(steps=3, freeze_fc2=False):
+    """DDP stepped as Lightning's Trainer steps it: forward and backward inside
+    ``optimizer.step(closure)``; ``freeze_fc2``: the ranks' optimizer leaves fc2 out."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = DDP(MLP())
+    params = model.module.fc1.parameters() if freeze_fc2 else model.parameters()
+    opt = torch.optim.SGD(params, lr=0.1)
+    r, w = tdist.get_rank(), tdist.get_world_size()
+    for step in range(steps):
+        x, y = batch(step)
+        n = x.shape[0] // w
+
+        def closure():
+            opt.zero_grad()
+            loss = F.mse_loss(model(x[r * n:(r + 1) * n]), y[r * n:(r + 1) * n])
+            loss.backward()
+            return loss
+
+        opt.step(closure=closure)

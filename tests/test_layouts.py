@@ -94,3 +94,37 @@ def test_a_bug_in_one_shard_fails_naming_its_module(dist, bug, cause, module):
                                   record="optimizer")
     line = next(x for x in str(info.value).splitlines() if x.startswith("likely cause:"))
     assert cause in line and module in line, line
+
+
+@world_sizes(2)
+def test_a_step_whose_closure_runs_backward_is_recorded_after_it(dist):
+    """``optimizer.step(closure)`` (Lightning's Trainer): the gradients and loss are the closure's."""
+    report = dist.assert_same_training(L.closure_train, L.mlp_reference, steps=3, record="optimizer")
+    assert report.passed and max(e.rel for e in report.errors("grad")) < 1e-4
+
+
+@world_sizes(2)
+def test_ranks_that_train_fewer_parameters_are_told_so(dist):
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(functools.partial(L.closure_train, freeze_fc2=True), L.mlp_reference, steps=3,
+                                  record="optimizer")
+    first, second = str(info.value).splitlines()[:2]
+    assert "steps fewer parameters than reference_fn's" in first and "fc2.weight" in first, first
+    assert second.startswith("likely cause: the ranks train fewer parameters"), second
+
+
+def test_assert_resumes_puts_stated_shards_together_over_every_rank():
+    """assert_resumes has no one-device reference to read whole shapes from: shards= is what puts
+    each phase's pieces together (here a dim and a callable), over all ranks in rank order."""
+    from pytest_mgpu.parity.layout.mapping import assemble
+    from pytest_mgpu.parity.record.recorder import SideLog, StepLog
+
+    full = torch.arange(12.0).reshape(4, 3)
+    sides = [SideLog(steps=[StepLog(0.0, {"w": None, "b": full[i]}, {"w": full[2 * i:2 * i + 2], "b": full[i]})])
+             for i in range(2)]
+    whole = assemble(sides, {"w": 0, "b": lambda pieces: torch.stack(pieces)})
+    assert all(torch.equal(s.steps[0].params["w"], full) for s in whole)
+    assert all(torch.equal(s.steps[0].params["b"], full[:2]) and s.steps[0].grads["w"] is None for s in whole)
+    assert assemble(sides, None) is sides
+    with pytest.raises(TypeError, match="name pattern"):
+        assemble(sides, {"w": "rows"})

@@ -173,6 +173,12 @@ TABLE: Final[Tuple[Cause, ...]] = (
           lambda x, f: bool(f.rank_batchnorm or f.batchnorm)),
     Cause("loss-other", "Dropout or other randomness", "put the model in eval() or set p=0 for the parity check",
           "The ranks draw other masks than the reference.", lambda x, f: bool(f.dropout)),
+    Cause("loss-other", "the forward of the layers sharded by hand computes otherwise", "in each tensor-parallel "
+          "layer, reduce the partial outputs exactly once (an all_reduce in the forward of the row-parallel layer, "
+          "none in the column-parallel one), add a row-parallel bias once after that reduce, and split heads and "
+          "widths by the group size alike on every rank", "With the same weights and rows, the loss differs: the "
+          "forward through the pieces is not the whole layer's (a reduce missing or doubled, a bias added on every "
+          "rank, a head count or width not divided by the group size).", lambda x, f: bool(f.hand_sharded)),
     Cause("loss-other", "the ranks compute the loss otherwise (normalised by a local count, or missing other ranks' "
           "terms)", "normalise by the global count (all_reduce it), gather what the loss needs from every rank with "
           "torch.distributed.nn.functional.all_gather (it carries gradients), and reduce as the reference does",
@@ -225,6 +231,12 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "the others' (divide a SUM by the ranks that share them)", "Expert or shared parameters summed or "
           "divided by another factor.", lambda x, f: x.value != 1.0),
     Cause("grads-modules", RECOMPUTE, RECOMPUTE_FIX, RECOMPUTE_WHY, lambda x, f: f.recomputed),
+    Cause("grads-modules", "the backward through the layers sharded by hand computes otherwise", "reduce each "
+          "gradient exactly once over the tensor-parallel group: the input's gradient in the backward of the "
+          "copy-to-region function, none in the reduce-from-region one; and reduce over the data-parallel group "
+          "only (not the tensor-parallel one) what data parallelism shares", "With the same weights, some modules' "
+          "gradients differ: an all_reduce missing, doubled, or over the wrong group in a backward of the parallel "
+          "region.", lambda x, f: bool(f.hand_sharded)),
     Cause("grads-modules", "some modules get no gradient or another one", "keep those modules in the graph as the "
           "reference does (no detach/no_grad, the same requires_grad)", "A detached branch, frozen parameters, a "
           "module skipped or computed otherwise on the ranks."),

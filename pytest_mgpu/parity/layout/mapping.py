@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ..record.recorder import SideLog, StepLog
 from .groups import Layout
 from .names import NameMap, name_map, rename
-from .shards import Shards, Sharding, describe, find, gather, pieces_off, stated, validate
+from .shards import Shards, Sharding, describe, find, gather, pieces_off, slice_held, stated, validate
 
 
 @dataclass
@@ -40,8 +40,22 @@ class Mapped:
         """Some tensor could not be compared: the verdict cannot rest on the rest."""
         return bool(self.unmapped or self.missing or self.mismatched)
 
+    @property
+    def fewer(self) -> bool:
+        """Every tensor of every rank mapped, and the reference trains more: not a mapping that failed
+        but a fact of the run (the ranks' optimizer steps fewer parameters)."""
+        return bool(self.missing) and not (self.unmapped or self.mismatched or self.layout.pipeline
+                                           or self.layout.expert_parallel)
+
     def failure(self) -> str:
-        """What could not be mapped, and how to map it (the failure's first lines, no cause)."""
+        """What could not be mapped, and how to map it (the failure's first lines, no cause); or,
+        where the ranks simply train fewer parameters, that cause."""
+        if self.fewer:
+            return (f"the ranks' optimizer steps fewer parameters than reference_fn's: {len(self.missing)} of the "
+                    f"reference's trained tensor(s) are stepped on no rank (e.g. {', '.join(self.missing[:3])})\n"
+                    "likely cause: the ranks train fewer parameters than the reference. Fix: give the ranks' "
+                    "optimizer the same parameters as the one-device loop's (a module frozen, left out of the "
+                    "optimizer's groups, or a wrapper's trainable copy such as peft's modules_to_save missing)")
         parts = []
         if self.mismatched:
             name, how = next(iter(self.mismatched.items()))
@@ -93,13 +107,15 @@ def map_sides(ranks: List[SideLog], ref: SideLog, shards: Optional[Shards] = Non
 
 def _misread(sharding: Sharding, off: Dict[str, List[int]], rank0: Dict[str, Any], ref: Dict[str, Any]) -> None:
     """Tensors found by shape whose pieces, put together in rank order, are not the reference's
-    starting weights on any rank, while every whole tensor the ranks hold starts as the reference's:
-    a layout shapes cannot tell (a fused qkv weight whose q, k, v slices interleave), so not a
-    comparison that was made. They move to ``mismatched``, asking for ``shards=``."""
+    starting weights on any rank, and whose rank-0 piece is no slice of it at all, while every whole
+    tensor the ranks hold starts as the reference's: a layout shapes cannot tell (a fused qkv weight
+    whose q, k, v slices interleave), so not a comparison that was made. They move to
+    ``mismatched``, asking for ``shards=``. (Pieces that are slices in the wrong places are a bug.)"""
     import torch
 
-    every = [n for n, r in sharding.rules.items() if not r.stated and
-             set(off.get(n, ())) >= {g[0] for g in sharding.groups[r.k]}]
+    every = [n for n, r in sharding.rules.items() if not r.stated and r.dim is not None
+             and set(off.get(n, ())) >= {g[0] for g in sharding.groups[r.k]}
+             and slice_held(rank0[n], ref[n], r.dim, r.k) is None]
     if not every:
         return
     whole = [n for n in ref if n not in sharding.rules and rank0.get(n) is not None and ref[n] is not None]

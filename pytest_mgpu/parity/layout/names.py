@@ -12,7 +12,7 @@ In the test process (``name_map``): the ranks' names against the reference's, in
    leading prefix that every name of a side shares);
 3. a unique suffix (``a.b.weight`` <-> ``b.weight``);
 4. the rest by position and shape, where both sides list the same number of tensors of the same
-   shapes in the same order (the module tree's structure).
+   shapes (or shards of them) in the same order (the module tree's structure).
 Each step beyond the first is named in a note. What maps to nothing is returned, never guessed.
 """
 from __future__ import annotations
@@ -88,7 +88,7 @@ def name_map(mine: Dict[str, Shape], ref: Dict[str, Shape], my_holders: Sequence
         out.notes.append("names mapped by their unique ending: " + _examples(found))
         rest = [n for n in rest if n not in found]
         free = [n for n in free if n not in found.values()]
-    if rest and not partial and len(rest) == len(free) and all(mine[a] == ref[b] for a, b in zip(rest, free)):
+    if rest and not partial and len(rest) == len(free) and all(fits(mine[a], ref[b]) for a, b in zip(rest, free)):
         found = dict(zip(rest, free))
         out.to_ref.update(found)
         out.notes.append(f"{len(found)} name(s) mapped by position and shape in the module tree (the names differ): "
@@ -96,6 +96,14 @@ def name_map(mine: Dict[str, Shape], ref: Dict[str, Shape], my_holders: Sequence
         rest = []
     out.unmapped = rest
     return out
+
+
+def fits(mine: Shape, ref: Shape) -> bool:
+    """The same shape, or a shard of it: one dimension divides the reference's."""
+    if mine == ref:
+        return True
+    diff = [d for d in range(len(ref)) if len(mine) == len(ref) and mine[d] != ref[d]]
+    return len(diff) == 1 and mine[diff[0]] > 0 and ref[diff[0]] % mine[diff[0]] == 0
 
 
 def _by_prefix(rest: List[str], free: List[str], mine: Sequence[str], theirs: Sequence[str]

@@ -175,6 +175,16 @@ def _span(group: List[int]) -> str:
         (len(group) == 2 and group[1] == group[0] + 1) else ", ".join(map(str, group))
 
 
+def slice_held(piece, whole, dim: int, k: int, rel: float = 1e-5) -> Optional[int]:
+    """Which of the ``k`` slices of ``whole`` along ``dim`` ``piece`` is (None: none of them)."""
+    size = piece.shape[dim]
+    for i in range(k):
+        mine = whole.narrow(dim, i * size, size).double()
+        if float((piece.double() - mine).norm()) <= rel * max(float(mine.norm()), 1e-30):
+            return i
+    return None
+
+
 def pieces_off(ranks: List[Dict[str, Any]], ref: Dict[str, Any], sharding: Sharding, rel: float = 1e-5
                ) -> Dict[str, List[int]]:
     """Per tensor put together along a dimension: the ranks whose piece of the starting weights is

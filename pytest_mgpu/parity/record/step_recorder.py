@@ -65,6 +65,7 @@ class StepRecorder:
         self._before: Optional[Dict[str, Any]] = None  # local params where every gradient was zero
         self._seen: Optional[Inputs] = None  # what the step under way saw
         self._aside: List[StepLog] = []  # steps that changed nothing: not counted
+        self._taken = False  # the step under way was recorded (a closure it was given may not have run)
 
     @contextlib.contextmanager
     def installed(self):
@@ -72,10 +73,38 @@ class StepRecorder:
             yield self
 
     # -- the hooks ------------------------------------------------------------------------------
-    def _pre(self, optimizer, args, kwargs) -> None:
+    def _pre(self, optimizer, args, kwargs):
         self._depth += 1
         if self._depth > 1:
-            return
+            return None
+        self._taken = False
+        closure = kwargs.get("closure", args[0] if args else None)
+        if not callable(closure):
+            self._take(optimizer)
+            return None
+        return self._after_closure(optimizer, closure, args, kwargs)
+
+    def _after_closure(self, optimizer, closure, args, kwargs):
+        """``optimizer.step(closure)`` (Lightning's Trainer, LBFGS): the closure runs the forward and
+        backward inside the step, so the step is recorded once its first call has returned, before the
+        update (the pre-hook hands the step a closure that records)."""
+        taken: List[bool] = []
+
+        def recorded(*a, **k):
+            loss = closure(*a, **k)
+            if not taken:
+                taken.append(True)
+                with quiet():
+                    self._take(optimizer)
+            return loss
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": recorded}
+        return (recorded,) + tuple(args[1:]), kwargs
+
+    def _take(self, optimizer) -> None:
+        """Record the step under way: its parameters, gradients, loss and state, before the update."""
+        self._taken = True
         named = self._named(optimizer)
         lrs = [float(g["lr"]) for g in optimizer.param_groups if "lr" in g]
         self._lr_zero = bool(lrs) and not any(lrs)
@@ -101,7 +130,7 @@ class StepRecorder:
 
     def _post(self, optimizer, args, kwargs) -> None:
         self._depth -= 1
-        if self._depth > 0:
+        if self._depth > 0 or not self._taken:
             return
         if self._changed_nothing(optimizer):
             self._aside.append(self.side.steps.pop())
