@@ -17,7 +17,7 @@ from .records import KINDS
 
 WORST_ROWS = 10
 # A cause's location, as evidence.located says it, at the end of its what: " at f.py:84 (scheduler.step)"
-AT = re.compile(r" at [^ ()]+:\d+(?:, [^ ()]+:\d+)? \([^)]*\)(?: to [^ ()]*:\d+(?:, [^ ()]+:\d+)? \([^)]*\))?$")
+AT = re.compile(r" at [^ ()]+:\d+(?:, [^ ()]*:\d+)? \([^)]*\)(?: to [^ ()]*:\d+(?:, [^ ()]*:\d+)? \([^)]*\))?$")
 FIX_LEAST = 40  # fewer characters of the fix than this: the line points to the list of causes instead
 FIX_BELOW = "see below"
 OPTIONS_NOTE = ("the optimizer's options (lr at every step, weight decay, momentum, betas, eps) are judged exactly, "
@@ -166,5 +166,5 @@ def lead(report: Report, cause: str, room: int = 400) -> str:
 
 def compact(where: str) -> str:
     """A location in fewer characters: " at f.py:85 (backward) to :87 (optimizer.step)" -> " at f.py:85-87"."""
-    plain = re.sub(r" \([^)]*\)", "", where)
+    plain = re.sub(r", [^ ()]*:\d+", "", re.sub(r" \([^)]*\)", "", where))  # the first of several, no calls
     return plain.replace(" to :", "-")

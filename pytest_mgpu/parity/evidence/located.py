@@ -58,6 +58,15 @@ def _side(f: UserFacts, x: Finding, kind: str) -> Tuple[Tuple[str, ...], str]:
     return _lines(f.ref_where, x.step, kind), REFERENCE
 
 
+def joined(lines) -> str:
+    """``a.py:84, :90``: several locations, a file named once where they share it."""
+    out = [lines[0]]
+    for line in lines[1:]:
+        same = line.split(":", 1)[0] == lines[0].split(":", 1)[0]
+        out.append(line[len(line.split(":", 1)[0]):] if same else line)
+    return ", ".join(out)
+
+
 def located(x: Finding, f: UserFacts) -> str:
     """``"at train.py:84 (scheduler.step)"`` for the finding's phase, ``"at train.py:80 (backward) to :83
     (optimizer.step)"`` for the gradients; "" where no call made it or none was seen."""
@@ -66,7 +75,7 @@ def located(x: Finding, f: UserFacts) -> str:
     for kind in kinds:
         lines, whose = _side(f, x, kind)
         if lines:
-            said.append(f"{', '.join(lines[:SHOWN])} ({kind}{' in ' + whose if whose else ''})")
+            said.append(f"{joined(lines[:SHOWN])} ({kind}{' in ' + whose if whose else ''})")
     if not said:
         return ""
     if len(said) == 2:
