@@ -40,9 +40,11 @@ def local_batch(x: Finding, f: UserFacts) -> bool:
 
 
 def scale_of(f: UserFacts, step: int) -> float:
-    """The GradScaler scale rank 0 scaled its loss by at ``step`` (NaN: no scaler)."""
+    """The GradScaler scale rank 0 scaled its loss by at ``step``, else the reference's (NaN: no scaler)."""
     per_rank = f.rank_scaler[step] if step < len(f.rank_scaler) else []
-    return float(per_rank[0][0]) if per_rank and per_rank[0] else math.nan
+    mine = float(per_rank[0][0]) if per_rank and per_rank[0] else math.nan
+    ref = f.ref_scaler[step] if step < len(f.ref_scaler) else ()
+    return mine if math.isfinite(mine) or not ref else float(ref[0])
 
 
 def scaled(x: Finding, f: UserFacts) -> bool:
@@ -166,6 +168,9 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "DDP already averages the gradients.", inverse),
     Cause("output-order", "the output rows are the reference's in another order", "append each micro-batch's output "
           "in input order and torch.cat once"),
+    Cause("loss-other", "the loss backpropagated is multiplied by a GradScaler's scale on one side only",
+          "scale alike on both sides (scaler.scale(loss).backward() on each), or backpropagate the unscaled loss on "
+          "both", "", scaled),
     Cause("loss-other", "loss reduction='sum' on the ranks", "use reduction='mean' as the reference does",
           "The loss is each rank's sum over its rows, not their mean.", local_batch),
     Cause("loss-other", "BatchNorm without SyncBatchNorm", "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) "
