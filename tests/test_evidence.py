@@ -190,6 +190,6 @@ def test_a_factor_equal_to_the_grad_scalers_scale_names_the_scaler_and_its_order
     text = str(info.value)
     line = first_cause(text)
     print(line)
-    assert line.startswith("likely cause: gradients clipped while still multiplied by the GradScaler's scale 65536, "
-                           "with clip_grad_norm_ before scaler.unscale_ ("), line
+    assert line.startswith("likely cause: gradients clipped while still multiplied by the GradScaler's scale (65536, "
+                           "with clip_grad_norm_ before scaler.unscale_) ("), line
     assert "reduction='mean'" not in line and "Fix: call scaler.unscale_(optimizer) before clip_grad_norm_" in text, text

@@ -288,7 +288,7 @@ def said(x: Finding, f: UserFacts) -> str:
     at = located(x, f)
     evidence = x.evidence if not at or len(x.evidence) <= EVIDENCE else x.evidence[:EVIDENCE - 3].rstrip() + "..."
     if cause.when is scaled:
-        what = f"{what} {scaler_order(f, x.step)}"
+        what = f"{what} ({scaler_order(f, x.step)})"
     return " ".join(p for p in (f"{what} ({evidence}){' ' + at if at else ''}. Fix: {fix}.", why, x.detail) if p)
 
 
