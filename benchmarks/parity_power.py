@@ -10,7 +10,9 @@ Bugs of size eps in {1e-1, 1e-2, 1e-3, 1e-4}, on the distributed side only (keyw
 ``fn`` with ``functools.partial``; the reference never sees them), from step ``at`` = N x ``--at``
 (default 0.5; 0-based): ``lr`` (every rank's learning rate x (1+eps)), ``grad`` (the last rank's
 gradients x (1+eps), after their sync and clipping, before the step), ``moment`` (Adam's exp_avg zeroed
-for a fraction eps of its elements, once, before step ``at``); for ``ddp-resume``: ``resume_lr`` (the
+for a fraction eps of its elements, once, before step ``at``), ``weight_decay``, ``momentum`` (Adam's beta1)
+and ``betas`` (beta2, held below 1) x (1+eps) from step ``at`` (options judged exactly: caught at any eps
+beyond float rounding); for ``ddp-resume``: ``resume_lr`` (the
 resumed run's learning rate x (1+eps)) and ``no_scheduler`` (the scheduler's state not loaded on resume;
 no eps). A bug is caught when the check raises ``ParityError``.
 
@@ -52,7 +54,7 @@ from power_report import analyze  # noqa: E402
 EPS = [1e-1, 1e-2, 1e-3, 1e-4]
 FAMILIES = ["ddp", "fsdp2", "tp", "accum", "ddp-resume"]
 KINDS = {"ddp-resume": ["resume_lr", "no_scheduler"]}
-SAME_TRAINING_KINDS = ["lr", "grad", "moment"]
+SAME_TRAINING_KINDS = ["lr", "grad", "moment", "weight_decay", "momentum", "betas"]
 
 TEST_FILE = '''
 import functools, json, os, time, pytest
@@ -162,7 +164,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="correct runs per family and step count")
     parser.add_argument("--burners", type=int, default=0, help="busy-loop processes beside the runs")
     parser.add_argument("--no-bugs", action="store_true", help="only the correct runs (false alarms)")
-    parser.add_argument("--kinds", default="", help="bug kinds, comma-separated: lr,grad,moment,resume_lr,no_scheduler")
+    parser.add_argument("--kinds", default="", help="bug kinds, comma-separated: lr,grad,moment,weight_decay,momentum,betas,resume_lr,no_scheduler")
     parser.add_argument("--all-eps", action="store_true", help="run every eps instead of bisecting")
     parser.add_argument("--quick", action="store_true", help="steps 6, eps 1e-1 and 1e-3, 1 repeat")
     parser.add_argument("-x", dest="exitfirst", action="store_true", help="stop at the first pytest error")

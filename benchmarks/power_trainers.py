@@ -22,6 +22,10 @@ data), both taking ``steps`` optimizer steps:
   just before ``optimizer.step()``, at steps >= ``at``;
 - ``"moment"``: Adam's first moment (``exp_avg``) zeroed for a fraction eps of its elements (at least
   one) just before the optimizer step ``at``, once;
+- ``"weight_decay"``: every rank's weight decay x (1 + eps) at steps >= ``at``;
+- ``"momentum"``: every rank's Adam beta1 (its momentum, the value ``OneCycleLR`` cycles as momentum)
+  x (1 + eps) at steps >= ``at``;
+- ``"betas"``: every rank's Adam beta2 x (1 + eps), held below 1 (0.999 x 1.001 would be 1), at steps >= ``at``;
 - ``"resume_lr"`` (``ddp`` with ``checkpoint=True``): the learning rate x (1 + eps) at every step of
   a run that resumed from a checkpoint;
 - ``"no_scheduler"`` (idem): the scheduler's state is not loaded on resume.
@@ -146,10 +150,15 @@ def step_with_bug(opt, step, bug=None, resumed=False):
     """``opt.step()``, with ``bug`` applied where it is due (see the module docstring)."""
     kind, eps, at = bug or ("", 0.0, 0)
     due = resumed if kind == "resume_lr" else step >= at
-    saved = [g["lr"] for g in opt.param_groups]
-    if due and kind in ("lr", "resume_lr"):
+    saved = [{k: g[k] for k in ("lr", "weight_decay", "betas") if k in g} for g in opt.param_groups]
+    if due and kind in ("lr", "resume_lr", "weight_decay"):
+        key = "weight_decay" if kind == "weight_decay" else "lr"
         for g in opt.param_groups:
-            g["lr"] = g["lr"] * (1 + eps)
+            g[key] = g[key] * (1 + eps)
+    elif due and kind in ("momentum", "betas"):
+        for g in opt.param_groups:
+            b1, b2 = g["betas"]
+            g["betas"] = (b1 * (1 + eps), b2) if kind == "momentum" else (b1, min(b2 * (1 + eps), 1 - 1e-6))
     elif due and kind == "grad" and dist.get_rank() == dist.get_world_size() - 1:
         with torch.no_grad():
             for g in opt.param_groups:
@@ -159,8 +168,8 @@ def step_with_bug(opt, step, bug=None, resumed=False):
     elif kind == "moment" and step == at:
         drop_moment(opt, eps)
     opt.step()
-    for g, lr in zip(opt.param_groups, saved):
-        g["lr"] = lr
+    for g, options in zip(opt.param_groups, saved):
+        g.update(options)
 
 
 def train(model, opt, data, steps, bug=None, sched=None, clip=None, k=1, start=0, resumed=False, saver=None):

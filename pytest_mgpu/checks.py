@@ -3,7 +3,7 @@
 plain ``dist.run`` test pays for none of them."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Sequence, Union
 
 if TYPE_CHECKING:
     from .parity.report import ParityReport
@@ -79,7 +79,8 @@ class Checks:
                              rtol: Optional[float] = None, atol: Optional[float] = None,
                              timeout: Optional[float] = None, fn_kwargs: Optional[Dict[str, Any]] = None,
                              reference_kwargs: Optional[Dict[str, Any]] = None,
-                             shards: Optional[Mapping[str, Any]] = None, **kwargs: Any) -> ParityReport:
+                             shards: Optional[Mapping[str, Any]] = None,
+                             optimizer_options: Union[str, Sequence[str]] = "same", **kwargs: Any) -> ParityReport:
         """Your distributed training loop ``fn`` in every rank (process group up) against your
         one-device loop ``reference_fn`` in one process, both from the test's seed, compared step by
         step: the ranks' mean loss and rank 0 against the reference, every rank against rank 0.
@@ -103,6 +104,9 @@ class Checks:
             shards: Tensors sharded by hand that shapes alone cannot put together: fnmatch patterns of
                 the reference's names to a dim (pieces concatenated in rank order) or to
                 ``fn(pieces) -> tensor`` (a fused or interleaved layout).
+            optimizer_options: "same": the param-group options (lr at every step, weight decay,
+                momentum, betas, eps) must equal the reference's beyond float rounding, or the check
+                fails on that alone; "ignore", or the names to leave out (``["lr"]``): not judged.
             **kwargs: Passed to both.
 
         Returns:
@@ -114,11 +118,11 @@ class Checks:
             RankFailure: A rank raised, hung or died.
         """
         __tracebackhide__ = True
-        from .parity.training import assert_same_training
+        from .parity.judged_options import same_training
 
-        return assert_same_training(self, fn, reference_fn, *args, steps=steps, record=record,  # type: ignore[arg-type]
-                                    spawn=spawn, rtol=rtol, atol=atol, timeout=timeout, fn_kwargs=fn_kwargs,
-                                    reference_kwargs=reference_kwargs, shards=shards, **kwargs)
+        return same_training(self, fn, reference_fn, *args, optimizer_options=optimizer_options, steps=steps,
+                             record=record, spawn=spawn, rtol=rtol, atol=atol, timeout=timeout, fn_kwargs=fn_kwargs,
+                             reference_kwargs=reference_kwargs, shards=shards, **kwargs)
 
     def assert_resumes(self, fn: Callable[..., Any], *args: Any, steps: int, stop_after: int,
                        world_size_after: Optional[int] = None, spawn: bool = False,

@@ -59,13 +59,20 @@ def _average(model: nn.Module, world: int, skip: str = "", divide: bool = True) 
             p.grad.div_(world)
 
 
-def hand_dp(world_size: int, bug: str = "", steps: int = 4, micro: int = 1) -> None:
-    """Hand-written data parallelism: all_reduce SUM, then divide; ``micro`` accumulated micro-batches."""
+def hand_dp(world_size: int, bug: str = "", steps: int = 4, micro: int = 1, validate: bool = False) -> None:
+    """Hand-written data parallelism: all_reduce SUM, then divide; ``micro`` accumulated micro-batches;
+    ``validate``: rank 0 runs a validation forward after each step (not a bug)."""
     torch.manual_seed(0 + (_rank() if bug == "seed_apart" else 0))
     net = Net()
     teacher = Teacher(net) if bug.startswith("ema") or bug == "teacher" else None
     opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=0.9)
     for step in range(steps):
+        if validate and _rank() == 0:  # rank 0 validates first: not a bug, and not training rows
+            net.eval()
+            with torch.no_grad():
+                net(batch(1000 + step)[0])
+            net(batch(2000 + step)[0][:8]).sum()  # in eval mode, no backward
+            net.train()
         x, y = (t.chunk(world_size)[_rank()] for t in batch(step))
         opt.zero_grad()
         for xm, ym in zip(x.chunk(micro), y.chunk(micro)):
@@ -162,3 +169,49 @@ def logged_reference(log, world_size: int, steps: int = 3) -> None:
         loss.backward()
         log(net, loss)
         opt.step()
+
+
+def scheduled(world_size: int, bug: str = "", steps: int = 4, micro: int = 1, reference: bool = False) -> None:
+    """SGD with weight decay and a StepLR schedule, hand-written data parallelism (``reference=True``: one
+    device, the global batch). Bugs on the ranks: ``wd`` (weight decay 1e-4 relative off), ``sched_micro``
+    (the scheduler stepped after every micro-batch)."""
+    torch.manual_seed(0)
+    net = Net()
+    wd = 0.05 * (1 + 1e-4) if bug == "wd" and not reference else 0.05
+    opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=0.9, weight_decay=wd)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
+    for step in range(steps):
+        x, y = batch(step) if reference else (t.chunk(world_size)[_rank()] for t in batch(step))
+        opt.zero_grad()
+        for xm, ym in zip(x.chunk(micro), y.chunk(micro)):
+            (nn.functional.mse_loss(net(xm), ym) / micro).backward()
+            if bug == "sched_micro" and not reference:
+                sched.step()  # the scheduler stepped per micro-batch
+        if not reference:
+            _average(net, world_size)
+        opt.step()
+        if bug != "sched_micro" or reference:
+            sched.step()
+
+
+def amp_scaled(world_size: int, bug: str = "", steps: int = 4, reference: bool = False) -> None:
+    """A GradScaler (CPU, float32: its scale multiplies the loss) with clipping, hand-written data
+    parallelism (``reference=True``: one device, the global batch). Bug on the ranks: ``clip_scaled``
+    (clip_grad_norm_ before scaler.unscale_: the clip sees the scaled gradients)."""
+    torch.manual_seed(0)
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu")
+    for step in range(steps):
+        x, y = batch(step) if reference else (t.chunk(world_size)[_rank()] for t in batch(step))
+        opt.zero_grad()
+        scaler.scale(nn.functional.mse_loss(net(x), y)).backward()
+        if not reference:
+            _average(net, world_size)
+        if bug == "clip_scaled" and not reference:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 0.5)  # before unscale_: clips scaled gradients
+        else:
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 0.5)
+        scaler.step(opt)
+        scaler.update()

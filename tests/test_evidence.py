@@ -32,7 +32,7 @@ CASES = {
                        "(rank 1 vs rank 0:", "while up to step 1 they agreed, though their gradients agreed"),
     "sum_no_divide": (1, "likely cause: gradients scaled by the world size (at step 0, with the same weights, every "
                          "gradient is 2x (= the world size 2) the reference's",
-                      "backward left each rank its own shard's gradients, so the factor came from the reduction"),
+                      "backward left each rank its own shard's gradients"),
     "gate_not_reduced": (1, "likely cause: gradients of some modules are not synchronized between ranks (at step 0 "
                             "the gradients the optimizer was given differ between ranks", "only in gate"),
     "zero_grad_micro": (2, "likely cause: gradients zeroed between micro-batches (at step 0 every gradient of fn on "
@@ -86,3 +86,110 @@ def test_a_loss_factor_that_changes_is_judged(dist):
     """Not one factor at every step (here 1x, then 2x): the loss is judged, and fails."""
     with pytest.raises(ParityError, match="diverges from one device at step 1"):
         dist.assert_same_training(P(L.logged, factor=2.0, from_step=1), L.logged_reference, dist.world_size)
+
+
+def _line_of(fn, text: str) -> str:
+    """``evidence_loops.py:<n>``: where ``text`` is in ``fn``'s source (no line number written here)."""
+    import inspect
+
+    lines, start = inspect.getsourcelines(fn)
+    return f"evidence_loops.py:{start + next(i for i, line in enumerate(lines) if text in line)}"
+
+
+@world_sizes(2)
+def test_the_first_cause_names_the_line_that_made_its_phase(dist):
+    """Gradients summed and not divided: the cause points between the loop's backward and its
+    optimizer.step, where the reduction is."""
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(P(L.hand_dp, bug="sum_no_divide"), P(L.reference, bug="sum_no_divide"),
+                                  dist.world_size, steps=4, record="optimizer")
+    line = first_cause(str(info.value))
+    print(line)
+    backward, step = _line_of(L.hand_dp, "(loss / micro).backward()"), _line_of(L.hand_dp, "opt.step()")
+    assert f"at {backward} (backward) to :{step.rsplit(':', 1)[1]} (optimizer.step). Fix: " in line, line
+
+
+@world_sizes(2)
+def test_a_schedule_stepped_per_micro_batch_is_judged_and_located(dist):
+    """The lr schedule is judged at every step; the cause names the scheduler.step line."""
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(P(L.scheduled, bug="sched_micro", micro=2, steps=6),
+                                  P(L.scheduled, bug="sched_micro", micro=2, reference=True, steps=6),
+                                  dist.world_size, steps=6, record="optimizer")
+    text = str(info.value)
+    head, line = text.splitlines()[:2]
+    print(head, line, sep="\n")
+    assert "diverges from one device at step 0 (of 6): " in head, head
+    assert "13 of 25 tensors exceed the tolerance from step 1; the optimizer's lr differs from step 0" in head, head
+    assert "note: the optimizer's lr differs: 0.0245 on the ranks, 0.05 in the reference (param group 0, from step 0)" \
+        in text, text
+    assert line.startswith("likely cause: the learning rate differs ("), line
+    assert f"at {_line_of(L.scheduled, 'sched.step()  # the scheduler stepped per micro-batch')} (scheduler.step). " \
+           "Fix: call scheduler.step() right after" in line, line
+    assert "Fix: call scheduler.step() right after optimizer.step(), once per step. The scheduler is stepped per " \
+           "micro-batch" in text, text
+
+
+@world_sizes(2)
+def test_an_optimizer_option_that_differs_fails_on_its_own(dist):
+    """Weight decay 1e-4 relative off moves no tensor past the line in 4 steps; the option alone fails
+    the check, first line and cause, and optimizer_options= opts out."""
+    fn, ref = P(L.scheduled, bug="wd"), P(L.scheduled, bug="wd", reference=True)
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(fn, ref, dist.world_size, steps=4, record="optimizer")
+    assert not info.value.report.failures(), "the tensors alone must pass here: the option is what fails"
+    head, line = str(info.value).splitlines()[:2]
+    print(head, line, sep="\n")
+    assert "diverges from one device at step 0 (of 4): the optimizer's weight_decay differs: 0.050005 on the ranks, " \
+           "0.05 in the reference; every tensor is within the line" in head, head
+    assert line.startswith("likely cause: the optimizer's hyperparameters differ (weight_decay)"), line
+    assert dist.assert_same_training(fn, ref, dist.world_size, steps=4, record="optimizer",
+                                     optimizer_options=["weight_decay"]).passed
+    report = dist.assert_same_training(fn, ref, dist.world_size, steps=4, record="optimizer", optimizer_options="ignore")
+    assert report.passed and not report.option_differences
+
+
+@world_sizes(2)
+def test_keywords_do_not_push_the_cause_off_the_second_line(dist):
+    """Keywords each side received are a note further down; the first line names the function, the world
+    size and the step, the second the cause."""
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(L.hand_dp, L.reference, dist.world_size, steps=4, record="optimizer",
+                                  fn_kwargs=dict(bug="sum_no_divide", micro=1), reference_kwargs=dict(bug="", micro=1))
+    lines = str(info.value).splitlines()
+    print(*lines[:2], sep="\n")
+    assert lines[0].startswith("hand_dp on 2 x cpu") and "diverges from one device at step 0" \
+        in lines[0] and "keywords" not in lines[0], lines[0]
+    assert lines[1].startswith("likely cause: gradients scaled by the world size"), lines[1]
+    assert any(x.startswith("note: keywords: fn got bug='sum_no_divide'") for x in lines), lines
+
+
+@world_sizes(2)
+def test_a_validation_forward_is_not_a_training_input(dist):
+    """Rank 0 validates after each step (under no_grad, and in eval mode without it): its rows are not the
+    step's, so a real bug's cause leads, not unequal shards; and the correct loop passes."""
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(P(L.hand_dp, bug="sum_no_divide", validate=True), P(L.reference, bug="sum_no_divide"),
+                                  dist.world_size, steps=4, record="optimizer")
+    line = first_cause(str(info.value))
+    print(line)
+    assert line.startswith("likely cause: gradients scaled by the world size"), line
+    assert dist.assert_same_training(P(L.hand_dp, validate=True), L.reference, dist.world_size, steps=4,
+                                     record="optimizer").passed
+
+
+@world_sizes(2)
+def test_a_factor_equal_to_the_grad_scalers_scale_names_the_scaler_and_its_order(dist):
+    """clip_grad_norm_ before scaler.unscale_: the factor is the scaler's scale (65536), not a loss reduction;
+    the cause names the scaler and the order of unscale_ and the clip; the correct order passes."""
+    assert dist.assert_same_training(L.amp_scaled, P(L.amp_scaled, reference=True), dist.world_size, steps=4,
+                                     record="optimizer").passed
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(P(L.amp_scaled, bug="clip_scaled"), P(L.amp_scaled, reference=True),
+                                  dist.world_size, steps=4, record="optimizer")
+    text = str(info.value)
+    line = first_cause(text)
+    print(line)
+    assert line.startswith("likely cause: gradients clipped while still multiplied by the GradScaler's scale (65536, "
+                           "with clip_grad_norm_ before scaler.unscale_) ("), line
+    assert "reduction='mean'" not in line and "Fix: call scaler.unscale_(optimizer) before clip_grad_norm_" in text, text

@@ -29,7 +29,9 @@ def test_a_learning_rate_one_percent_off_from_step_10_is_caught_and_the_correct_
         dist.assert_same_training(P(A.train, True, bug_lr=0.01), P(A.train, False), steps=20, record="optimizer")
     failed = failure.value.report
     print(str(failure.value).splitlines()[0])
-    assert failed.first_divergence == 11  # the first step that saw the changed update
+    assert failed.first_divergence == 10  # the step whose lr differs: the options are judged exactly
+    assert [(d.option, d.step) for d in failed.option_differences] == [("lr", 10)]
+    assert min(s for s, _, _ in failed.failures()) == 11  # the first step that saw the changed update
     assert {e.kind for s, e, _ in failed.failures() if s == 11} >= {"grad"}
 
 
@@ -55,7 +57,8 @@ def test_accumulation_without_dividing_the_loss_is_named_though_clipping_hides_i
                                   fn_kwargs={"ddp": True, "divide": False}, reference_kwargs={"ddp": False})
     lines = str(failure.value).splitlines()
     print("\n".join(lines[:2]))
-    assert "(keywords: fn got ddp=True, divide=False; reference_fn got ddp=False)" in lines[0]
+    assert "keywords" not in lines[0]  # they are a note: the cause stays on the second line
+    assert "note: keywords: fn got ddp=True, divide=False; reference_fn got ddp=False" in lines
     assert lines[1].startswith("likely cause: gradient accumulation without dividing the loss (at step 0, with the "
                                "same weights, the ranks' loss is 4x (= the 4 backward passes per step) the reference's)")
     assert "Fix: backpropagate loss / 4" in lines[1]

@@ -12,6 +12,7 @@ from typing import List, Literal, Optional, Tuple
 
 from . import message
 from .records import KINDS, Kind, RunFacts, StepRecord, TensorError
+from .judge.options import OptionDifference
 from .judge.tolerance import Tolerance
 
 # How per_step measures a kind's worst error: norm-wise relative (judged), elementwise relative, absolute.
@@ -53,6 +54,8 @@ class ParityReport:
         notes: What the reader should know: where a resume started, why a check was skipped.
         against: What the run was compared with, e.g. "one device".
         keywords: The keywords each side received, where the test passed any (``assert_same_training``).
+        option_differences: The optimizer options (lr, weight decay, betas ...) that differ from the
+            reference's, each at the first step it does (``assert_same_training``): each fails the check.
     """
 
     strategy: str
@@ -64,11 +67,13 @@ class ParityReport:
     notes: List[str] = field(default_factory=list)
     against: str = "one device"  # what the run was compared with
     keywords: str = ""  # the keywords each side received, where the test passed any (assert_same_training)
+    option_differences: List[OptionDifference] = field(default_factory=list)  # judge.options
 
-    def describe(self) -> str:
+    def describe(self, keywords: bool = True) -> str:
         """The strategy and its devices, e.g. "ddp on 2 x cpu (gloo, emulated)", and the keywords each
-        side received where the test passed any."""
-        return f"{self.facts.strategy} on {self.where}" + (f" ({self.keywords})" if self.keywords else "")
+        side received where the test passed any (``keywords=False``: without them)."""
+        said = keywords and self.keywords
+        return f"{self.facts.strategy} on {self.where}" + (f" ({self.keywords})" if said else "")
 
     def failures(self) -> List[Tuple[int, TensorError, float]]:
         """(step, error, bound on ||strategy - reference||) of every tensor over tolerance."""
@@ -77,14 +82,15 @@ class ParityReport:
 
     @property
     def passed(self) -> bool:
-        """No tensor exceeded its bound at any step."""
-        return not self.failures()
+        """No tensor exceeded its bound at any step, and no optimizer option differs."""
+        return not self.failures() and not self.option_differences
 
     @property
     def first_divergence(self) -> Optional[int]:
-        """The first step with a tensor over its bound; None when it passed."""
+        """The first step with a tensor over its bound or an optimizer option that differs; None when it passed."""
         f = self.failures()
-        return f[0][0] if f else None
+        steps = ([f[0][0]] if f else []) + [d.step for d in self.option_differences]
+        return min(steps) if steps else None
 
     def lines(self) -> List[StepLine]:
         """Per step: the floor, the worst tensor relative to its line, and the ratio."""

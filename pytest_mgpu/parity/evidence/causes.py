@@ -11,9 +11,11 @@ from typing import Callable, Final, List, Optional, Tuple
 from . import gradients, inputs, loss, state, update
 from .facts import UserFacts
 from .finding import Finding, Report
+from .located import located
 from .possible import possible_causes
 
 Test = Callable[[Finding, UserFacts], bool]
+EVIDENCE: Final = 240  # characters of a finding's evidence said before its location (the line keeps both)
 
 
 def _near(k: float, target: float) -> bool:
@@ -35,6 +37,35 @@ def passes(x: Finding, f: UserFacts) -> bool:
 def local_batch(x: Finding, f: UserFacts) -> bool:
     rows = len(f.rank_rows[0][0]) if f.rank_rows and f.rank_rows[0] and f.rank_rows[0][0] else 0
     return rows > 1 and _near(x.value, rows)
+
+
+def scale_of(f: UserFacts, step: int) -> float:
+    """The GradScaler scale rank 0 scaled its loss by at ``step``, else the reference's (NaN: no scaler)."""
+    per_rank = f.rank_scaler[step] if step < len(f.rank_scaler) else []
+    mine = float(per_rank[0][0]) if per_rank and per_rank[0] else math.nan
+    ref = f.ref_scaler[step] if step < len(f.ref_scaler) else ()
+    return mine if math.isfinite(mine) or not ref else float(ref[0])
+
+
+def scaled(x: Finding, f: UserFacts) -> bool:
+    """The factor is the ranks' GradScaler scale (or its inverse): gradients or norms still scaled."""
+    k = scale_of(f, x.step)
+    return math.isfinite(k) and k > 1 and (_near(x.value, k) or _near(x.value, 1 / k))
+
+
+def scaler_order(f: UserFacts, step: int) -> str:
+    """The ranks' GradScaler scale and what their step did with it, in order: ``65536, with
+    clip_grad_norm_ before scaler.unscale_``."""
+    per_rank = f.rank_scaler[step] if step < len(f.rank_scaler) else []
+    order = list(per_rank[0][1]) if per_rank and per_rank[0] else []
+    said = f"{scale_of(f, step):g}"
+    if "clip" in order and "unscale_" in order:
+        first = order.index("clip") < order.index("unscale_")
+        return said + (", with clip_grad_norm_ before scaler.unscale_" if first else
+                       ", with scaler.unscale_ before clip_grad_norm_")
+    if "clip" in order:
+        return said + ", with clip_grad_norm_ and no scaler.unscale_ in the step"
+    return said
 
 
 def below(x: Finding, f: UserFacts) -> bool:
@@ -87,7 +118,11 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("lr-factor", "the learning rate differs", SAME_LR, "The lr is scaled (by the world size or the global "
           "batch) on one side."),
     Cause("lr-faster", "the learning rate differs", "call scheduler.step() right after optimizer.step(), once per step",
-          "The scheduler is stepped per micro-batch (several times per optimizer step)."),
+          "The scheduler is stepped per micro-batch (several times per optimizer step).",
+          lambda x, f: f.rank_backwards > 1),
+    Cause("lr-faster", "the learning rate differs", "step the scheduler once per optimizer step, and build it for the "
+          "reference's number of steps", "The ranks' schedule runs faster: a scheduler stepped more than once per "
+          "optimizer step, or built for fewer steps (another total_steps, step_size or warm-up)."),
     Cause("lr-schedule", "the learning rate differs", "step and restore the scheduler alike on both sides",
           "A scheduler stepped at another rate or point, created with other arguments, restarted, or not restored "
           "with a checkpoint (its state_dict saved and loaded beside the optimizer's)."),
@@ -124,6 +159,8 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "every epoch, on every side", "A DistributedSampler shuffles with seed + epoch."),
     Cause("data-restart", "data repeated", "restore the epoch and the position in it with the checkpoint",
           "The data iterator started over instead of resuming."),
+    Cause("loss-factor", "the loss backpropagated is multiplied by a GradScaler's scale on one side only",
+          "scale alike on both sides (a GradScaler in the reference too), or backpropagate the unscaled loss", "", scaled),
     Cause("loss-factor", "gradient accumulation without dividing the loss", ACCUM, ACCUM_WHY, passes),
     Cause("loss-factor", "the loss is scaled by the world size", "backpropagate the plain mean loss",
           "The loss is multiplied by the world size before backward; DDP already averages the gradients.", world),
@@ -131,6 +168,9 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "DDP already averages the gradients.", inverse),
     Cause("output-order", "the output rows are the reference's in another order", "append each micro-batch's output "
           "in input order and torch.cat once"),
+    Cause("loss-other", "the loss backpropagated is multiplied by a GradScaler's scale on one side only",
+          "scale alike on both sides (scaler.scale(loss).backward() on each), or backpropagate the unscaled loss on "
+          "both", "", scaled),
     Cause("loss-other", "loss reduction='sum' on the ranks", "use reduction='mean' as the reference does",
           "The loss is each rank's sum over its rows, not their mean.", local_batch),
     Cause("loss-other", "BatchNorm without SyncBatchNorm", "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) "
@@ -154,6 +194,9 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "One side clips by hand (with a norm of its local shards) or not at all."),
     Cause("clip-ranks", CLIP, "clip on every rank, with the norm of the whole model's gradients (clip_grad_norm_ on "
           "DTensor parameters reduces it over the mesh)", "Clipped on some ranks only, or with each rank's own norm."),
+    Cause("clip-norm", "gradients clipped while still multiplied by the GradScaler's scale", "call "
+          "scaler.unscale_(optimizer) before clip_grad_norm_, then scaler.step(optimizer)", "The clip saw the scaled "
+          "gradients' norm, so it clipped by a factor the scale sets.", scaled),
     Cause("clip-norm", "gradient accumulation without dividing the loss", ACCUM, ACCUM_WHY, passes),
     Cause("clip-norm", CLIP, "backpropagate the mean loss, and let DDP/FSDP average (or divide an all_reduce SUM by "
           "the world size)", "The loss is scaled by the world size, or gradients summed instead of averaged.", world),
@@ -178,6 +221,9 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("grads-unsynced", "gradients are not synchronized between ranks", "all_reduce every gradient and divide by "
           "the world size (or train through DDP's wrapper, not its .module), and use no_sync() only on "
           "accumulation steps", "Each rank steps with its own shard's gradients."),
+    Cause("grads-factor", "the gradients still carry the GradScaler's scale", "step through "
+          "scaler.step(optimizer), which unscales first, and call scaler.unscale_(optimizer) before clipping or "
+          "changing the gradients", "", scaled),
     Cause("grads-factor", "gradient accumulation without dividing the loss", ACCUM, ACCUM_WHY, passes),
     Cause("grads-factor", "gradients scaled by the world size", "divide the all-reduced gradients by the world size "
           "(or ReduceOp.AVG)", "They are summed over ranks and not divided (an all_reduce SUM or a communication "
@@ -239,7 +285,11 @@ def said(x: Finding, f: UserFacts) -> str:
     fix = cause.fix.replace("loss / k", f"loss / {k}").replace("the k micro", f"the {k} micro")
     why = cause.why.replace("k means", f"{k} means")
     what = cause.what + (f" ({x.names[0]})" if x.signal in ("hyper", "grads-precision") and x.names else "")
-    return " ".join(p for p in (f"{what} ({x.evidence}). Fix: {fix}.", why, x.detail) if p)
+    at = located(x, f)
+    evidence = x.evidence if not at or len(x.evidence) <= EVIDENCE else x.evidence[:EVIDENCE - 3].rstrip() + "..."
+    if cause.when is scaled:
+        what = f"{what} ({scaler_order(f, x.step)})"
+    return " ".join(p for p in (f"{what} ({evidence}){' ' + at if at else ''}. Fix: {fix}.", why, x.detail) if p)
 
 
 def localise(report: Report) -> List[Finding]:

@@ -4,7 +4,7 @@ each loop was seen doing)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from ..records import RunFacts
 
@@ -63,3 +63,7 @@ class UserFacts(RunFacts):
     reduced_by: str = ""  # what reduces them so
     untrained: List[List[Dict[str, float]]] = field(default_factory=list)  # per step, per rank: state no optimizer steps
     ref_untrained: List[Dict[str, float]] = field(default_factory=list)  # per step: the reference's
+    rank_where: List[List[Dict[str, Tuple[str, ...]]]] = field(default_factory=list)  # per step, per rank: kind -> "file:line"
+    ref_where: List[Dict[str, Tuple[str, ...]]] = field(default_factory=list)  # per step: the reference's
+    rank_scaler: List[List[tuple]] = field(default_factory=list)  # per step, per rank: (GradScaler scale, call order)
+    ref_scaler: List[tuple] = field(default_factory=list)  # per step: the reference's

@@ -51,6 +51,10 @@ def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Lay
     facts.ref_zeroed = [s.zeroed for s in ref.steps]
     facts.rank_modes = [[side.steps[i].modes for side in ranks] for i in range(steps)]
     facts.ref_modes = [s.modes for s in ref.steps]
+    facts.rank_where = [[side.steps[i].where for side in ranks] for i in range(steps)]
+    facts.ref_where = [s.where for s in ref.steps]
+    facts.rank_scaler = [[side.steps[i].scaler for side in ranks] for i in range(steps)]
+    facts.ref_scaler = [s.scaler for s in ref.steps]
     facts.partial_ranks = len(layout.stages) > 1
     facts.recomputed = any(side.recomputed for side in ranks)
     facts.shards_apart = shards_apart(ranks[0].steps[0].params, ref.steps[0].params, len(ranks)) \

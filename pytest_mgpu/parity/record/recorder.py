@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ...timing.structure.counter import quiet
 from ..gather import full_tensor
 from ..layout.names import holders
+from .where import frozen
 
 # Path components that only wrappers add: dropped from every name.
 WRAPPER_PARTS = frozenset({"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_forward_module"})
@@ -40,13 +41,16 @@ class StepLog:
     raw_norm: float = float("nan")  # the total gradient norm the step's last backward pass left (before clipping)
     zeroed: List[int] = field(default_factory=list)  # backward passes before which every gradient was zero again
     modes: Tuple[int, int] = (0, 0)  # (in eval mode, in all) among the BatchNorm and dropout modules
+    where: Dict[str, Tuple[str, ...]] = field(default_factory=dict)  # hook kind -> "file:line" in the loop (where.py)
+    scaler: Tuple[float, Tuple[str, ...]] = (float("nan"), ())  # a GradScaler's scale, its scale/unscale_/clip order
 
     def __reduce__(self):
         """Crosses back packed: every tensor of a step in one flat buffer per dtype. Measured on the
         minGPT-like trainer, 20 steps: 1,160 small tensors pickled and unpickled in 0.25 s, packed in
         0.02 s (a parity call moves one such record per rank, and one for the reference)."""
         return unpack_step, (self.loss, pack(self.grads), pack(self.params), self.rows, self.backwards, self.lrs,
-                             self.clips, self.state, self.hyper, self.untrained, self.raw_norm, self.zeroed, self.modes)
+                             self.clips, self.state, self.hyper, self.untrained, self.raw_norm, self.zeroed, self.modes,
+                             self.where, self.scaler)
 
 
 def pack(tensors: Dict[str, Any]):
@@ -83,9 +87,11 @@ def unpack(packed) -> Dict[str, Any]:
 
 
 def unpack_step(loss: float, grads, params, rows, backwards=1, lrs=(), clips=(), state=(0, -1.0), hyper=(),
-                untrained=None, raw_norm=float("nan"), zeroed=(), modes=(0, 0)) -> "StepLog":
+                untrained=None, raw_norm=float("nan"), zeroed=(), modes=(0, 0), where=None,
+                scaler=(float("nan"), ())) -> "StepLog":
     return StepLog(loss, unpack(grads), unpack(params), rows, backwards, list(lrs), list(clips), tuple(state),
-                   list(hyper), dict(untrained or {}), raw_norm, list(zeroed), tuple(modes))
+                   list(hyper), dict(untrained or {}), raw_norm, list(zeroed), tuple(modes), dict(where or {}),
+                   (scaler[0], tuple(scaler[1])))
 
 
 @dataclass
@@ -178,8 +184,10 @@ class Recorder:
         if not self.side.steps:
             describe(self.side, [("", model)], params)
             self.side.loss_dtype = dtype_name(loss_t.dtype)
-        rows = self.watch.take_inputs().rows if self.watch is not None else []
-        self.side.steps.append(StepLog(float(loss_t.reshape(()).double().item()), grads, params, rows))
+        seen = self.watch.take_inputs() if self.watch is not None else None
+        step = StepLog(float(loss_t.reshape(()).double().item()), grads, params, seen.rows if seen else [])
+        step.where = frozen(seen.where) if seen else {}
+        self.side.steps.append(step)
         if self.on_first and len(self.side.steps) == 1:
             self.on_first(self.side)
 

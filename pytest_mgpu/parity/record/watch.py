@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ...timing.structure.counter import quiet
 from ..gather import full_tensor
 from .fsdp1_flat import is_flat
+from .where import add, merged, user_line
 
 @dataclass
 class Inputs:
@@ -44,6 +45,10 @@ class Inputs:
     clips: List[Tuple[float, float, bool]] = field(default_factory=list)  # (total norm, max_norm, of DTensors) per clip call
     raw_norms: List[float] = field(default_factory=list)  # per backward pass: the total gradient norm it left (NaN: sharded)
     zeroed: List[int] = field(default_factory=list)  # backward passes (1-based) before which every gradient was zero again
+    where: Dict[str, List[str]] = field(default_factory=dict)  # hook kind -> "file:line" in the user's code (where.py)
+    eval_rows: List[float] = field(default_factory=list)  # rows of forwards in eval mode (validation, where others train)
+    scale: float = math.nan  # the GradScaler's scale its last scale(loss) multiplied by (NaN: no scaler)
+    order: List[str] = field(default_factory=list)  # "scale", "unscale_", "clip" in the order the loop called them
 
     def loss(self) -> float:
         """The step's loss, combined as its gradients are: the sum of the scalars backpropagated
@@ -84,6 +89,20 @@ def _first_tensor(args, kwargs):
     return None
 
 
+def in_function(depth: int = 16) -> bool:
+    """Called inside a custom ``autograd.Function``'s forward (reentrant activation checkpointing runs
+    its module there, with gradients off): a training forward all the same."""
+    frame: Optional[FrameType] = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return False
+        name = frame.f_code.co_filename.replace("\\", "/")
+        if name.endswith(("torch/autograd/function.py", "torch/utils/checkpoint.py")):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def pipeline_inference(depth: int = 12) -> bool:
     """Called from a ``torch.distributed.pipelining`` stage's shape or metadata inference, which runs
     the stage forward (and backward) once on a batch of its own before the first step."""
@@ -114,6 +133,51 @@ def fsdp1_clip(watch: "Watch") -> List[Tuple[Any, str, Any]]:
             watch.saw_clip(total, max_norm)
         return total
     return [(fsdp1.FullyShardedDataParallel, "clip_grad_norm_", observed_fsdp1_clip)]
+
+
+def scheduler_steps(watch: "Watch") -> List[Tuple[Any, str, Any]]:
+    """The patches that note where ``scheduler.step()`` is called: ``LRScheduler.step`` and every
+    scheduler class of torch's that defines its own (``ReduceLROnPlateau``, ``SequentialLR``, ...).
+    The call a constructor makes (its initial step) is not the loop's."""
+    import inspect
+
+    from torch.optim import lr_scheduler
+
+    def observing(method):
+        def observed_step(scheduler, *args, **kwargs):
+            if sys._getframe(1).f_code.co_name not in ("_initial_step", "__init__"):
+                watch.saw_schedule()
+            return method(scheduler, *args, **kwargs)
+        return observed_step
+
+    classes = [c for c in vars(lr_scheduler).values() if inspect.isclass(c) and issubclass(c, lr_scheduler.LRScheduler)
+               and "step" in vars(c)]
+    return [(c, "step", observing(vars(c)["step"])) for c in classes]
+
+
+def scaler_calls(watch: "Watch") -> List[Tuple[Any, str, Any]]:
+    """The patches that note a ``torch.amp.GradScaler``'s scale (what ``scale(loss)`` multiplied by) and
+    the order of its ``unscale_`` against ``clip_grad_norm_`` (a clip before ``unscale_`` clips scaled
+    gradients), where torch has one."""
+    amp = sys.modules.get("torch.amp")
+    scaler = getattr(amp, "GradScaler", None)
+    if scaler is None:
+        return []
+    scale, unscale = scaler.scale, scaler.unscale_
+
+    def observed_scale(self, outputs):
+        out = scale(self, outputs)
+        if self.is_enabled() and getattr(self, "_scale", None) is not None:
+            with quiet():
+                watch.saw_scaler("scale", float(self._scale.reshape(-1)[0]))
+        return out
+
+    def observed_unscale(self, optimizer):
+        if self.is_enabled():
+            watch.saw_scaler("unscale_")
+        return unscale(self, optimizer)
+
+    return [(scaler, "scale", observed_scale), (scaler, "unscale_", observed_unscale)]
 
 
 class Watch:
@@ -149,14 +213,28 @@ class Watch:
                 self.stateful.setdefault(id(module), module)  # a loss module with state (DINO's center)
             return None  # a loss module, a parameter-free wrapper call
         self.roots.setdefault(id(module), module)
-        x = _first_tensor(args, kwargs or {})
-        if x is not None and not hasattr(x, "full_tensor"):
-            self._inputs.rows += fingerprint(x)
-        self._inputs.calls += 1
         for dev in ("cpu", "cuda"):
             if not self.autocast and torch.is_autocast_enabled(dev):
                 self.autocast = str(torch.get_autocast_dtype(dev)).replace("torch.", "")
+        self._rows(module, _first_tensor(args, kwargs or {}))
         return None
+
+    def _rows(self, module, x) -> None:
+        """The rows of an outermost forward: a training input where it runs with gradients (a forward
+        under ``no_grad`` validates or feeds a teacher); one in eval mode is kept apart, and counts only
+        where the step ran no forward in training mode (a model trained in eval mode)."""
+        import torch
+
+        if not torch.is_grad_enabled() and not in_function():
+            add(self._inputs.where, "forward under no_grad", user_line(2))
+            return
+        add(self._inputs.where, "forward", user_line(2))
+        rows = fingerprint(x) if x is not None and not hasattr(x, "full_tensor") else []
+        if module.training:
+            self._inputs.rows += rows
+            self._inputs.calls += 1
+        else:
+            self._inputs.eval_rows += rows
 
     def _post(self, module, args, output):
         self._depth = max(0, self._depth - 1)
@@ -165,6 +243,8 @@ class Watch:
     def take_inputs(self) -> Inputs:
         """The rows seen since the last step; starts the next step's."""
         got, self._inputs, self._depth = self._inputs, Inputs(), 0
+        if got.eval_rows and not got.rows:  # every forward of the step in eval mode: those are its inputs
+            got.rows, got.eval_rows = got.eval_rows, []
         return got
 
     @contextlib.contextmanager
@@ -182,6 +262,7 @@ class Watch:
             top = isinstance(t, torch.Tensor) and t.numel() == 1 and torch._C._current_autograd_node() is None \
                 and not pipeline_inference()
             if top:
+                add(watch._inputs.where, "backward", user_line())
                 watch.before_backward()
                 watch.saw_loss(t.detach(), sys._getframe(1).f_globals.get("__name__", ""))
             out = backward(tensors, *args, **kwargs)
@@ -213,7 +294,7 @@ class Watch:
                    (torch.nn.utils.clip_grad, "clip_grad_norm_", observed_clip)]
         if clip_with_norm is not None:  # the public two-part API (get_total_norm, then this)
             patches.append((torch.nn.utils, "clip_grads_with_norm_", observed_clip_with_norm))
-        patches += fsdp1_clip(watch)
+        patches += fsdp1_clip(watch) + scheduler_steps(watch) + scaler_calls(watch)
         saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
         for owner, name, patched in patches:
             setattr(owner, name, patched)
@@ -230,7 +311,8 @@ class Watch:
         now = self._inputs
         self._inputs = Inputs(seen.rows + now.rows, seen.calls + now.calls, seen.losses + now.losses,
                               seen.pipeline or now.pipeline, seen.clips + now.clips, seen.raw_norms + now.raw_norms,
-                              seen.zeroed + now.zeroed)
+                              seen.zeroed + now.zeroed, merged(seen.where, now.where), seen.eval_rows + now.eval_rows,
+                              now.scale if now.order else seen.scale, seen.order + now.order)
 
     def saw_loss(self, loss, caller: str) -> None:
         self.loss = loss
@@ -266,7 +348,19 @@ class Watch:
         """The clippings seen in the step under way."""
         return self._inputs.clips
 
+    def saw_scaler(self, call: str, scale: float = math.nan) -> None:
+        self._inputs.order.append(call)
+        if call == "scale":
+            self._inputs.scale = scale
+        else:
+            add(self._inputs.where, "scaler.unscale_", user_line())
+
+    def saw_schedule(self) -> None:
+        add(self._inputs.where, "scheduler.step", user_line())
+
     def saw_clip(self, total, max_norm) -> None:
+        add(self._inputs.where, "clip_grad_norm_", user_line())
+        self._inputs.order.append("clip")
         with quiet():
             norm = full_tensor(total)
         self._inputs.clips.append((float(norm), float(max_norm), hasattr(total, "to_local")))

@@ -1,0 +1,86 @@
+"""Where in the user's loop the phase that differs first was made: the line of the call whose hook
+recorded it (``record.where``), said in the cause line as ``at train.py:84 (scheduler.step)``.
+
+A phase is made by one call: the rows by the forward, the loss by the backward it is passed to, the
+gradients between the backward and the ``optimizer.step`` (where a loop reduces or scales them), the
+clipping by ``clip_grad_norm_``, a schedule by ``scheduler.step``, the update by ``optimizer.step``.
+The weights a step starts from, an optimizer's arguments and state no optimizer steps are made by
+no call a hook sees: nothing is said there, nor where the call was not seen."""
+from __future__ import annotations
+
+from typing import Dict, Final, List, Tuple
+
+from .facts import REFERENCE, UserFacts
+from .finding import Finding
+
+# signal (or its prefix before "-") -> the call kinds that make it; "between" reads two
+BY_SIGNAL: Final[Dict[str, Tuple[str, ...]]] = {
+    "lr-rank": ("scheduler.step",), "lr-faster": ("scheduler.step",), "lr-schedule": ("scheduler.step",),
+    "modes": ("forward",), "rows": ("forward",), "epoch-repeat": ("forward",), "data-restart": ("forward",),
+    "loss": ("backward",), "clip": ("clip_grad_norm_",),
+    "grads-carried": ("backward",), "grads-zeroed-micro": ("backward",),
+    "grads": ("backward", "optimizer.step"), "stage": ("backward",),
+    "update-rank": ("optimizer.step",), "update-other": ("optimizer.step",),
+    "update-foreign": ("optimizer.step",), "update-frozen": ("optimizer.step",),
+}
+SHOWN: Final = 2  # locations of one kind said at most (a training and a validation forward)
+
+
+def kinds_of(signal: str) -> Tuple[str, ...]:
+    return BY_SIGNAL.get(signal) or BY_SIGNAL.get(signal.split("-", 1)[0], ())
+
+
+def _rank_of(x: Finding) -> int:
+    """The rank a one-rank finding names; rank 0 otherwise."""
+    if x.how == "one rank alone" and x.names and x.names[0].isdigit():
+        return int(x.names[0])
+    return 0
+
+
+def _lines(per_step: List[Dict[str, Tuple[str, ...]]], step: int, kind: str) -> Tuple[str, ...]:
+    """The locations of ``kind`` at ``step``, or at the nearest step that has some."""
+    order = [step] + [s for s in range(len(per_step)) if s != step]
+    for s in order:
+        if 0 <= s < len(per_step) and per_step[s].get(kind):
+            return per_step[s][kind]
+    return ()
+
+
+def _side(f: UserFacts, x: Finding, kind: str) -> Tuple[Tuple[str, ...], str]:
+    """(locations, whose): the ranks' (the rank the finding names first, then the others: a call made on
+    some ranks only), else the reference's."""
+    first = _rank_of(x)
+    world = max((len(per_rank) for per_rank in f.rank_where), default=0)
+    for r in [first] + [r for r in range(world) if r != first]:
+        got = _lines([per_rank[r] if r < len(per_rank) else {} for per_rank in f.rank_where], x.step, kind)
+        if got:
+            return got, ""
+    return _lines(f.ref_where, x.step, kind), REFERENCE
+
+
+def joined(lines) -> str:
+    """``a.py:84, :90``: several locations, a file named once where they share it."""
+    out = [lines[0]]
+    for line in lines[1:]:
+        same = line.split(":", 1)[0] == lines[0].split(":", 1)[0]
+        out.append(line[len(line.split(":", 1)[0]):] if same else line)
+    return ", ".join(out)
+
+
+def located(x: Finding, f: UserFacts) -> str:
+    """``"at train.py:84 (scheduler.step)"`` for the finding's phase, ``"at train.py:80 (backward) to :83
+    (optimizer.step)"`` for the gradients; "" where no call made it or none was seen."""
+    kinds = kinds_of(x.signal)
+    said: List[str] = []
+    for kind in kinds:
+        lines, whose = _side(f, x, kind)
+        if lines:
+            said.append(f"{joined(lines[:SHOWN])} ({kind}{' in ' + whose if whose else ''})")
+    if not said:
+        return ""
+    if len(said) == 2:
+        head = said[0].split(":", 1)[0] + ":"
+        later = said[1][len(head) - 1:] if said[1].startswith(head) else said[1]  # one file: named once
+        return f"at {said[0]} to {later}"
+    return f"at {said[0]}"
+

@@ -1,0 +1,93 @@
+"""Where in the user's code a recorder's hook fired: the innermost frame of the call stack outside
+torch, this plugin, the standard library and installed packages, as ``"file:line"`` (the file by
+its name).
+
+A hook fires inside torch (``Tensor.backward`` -> ``torch.autograd.backward``, ``Optimizer.step``'s
+wrapper, ``Module.__call__``), often inside a library that wraps the user's call (accelerate's
+``backward``, a ``Trainer``'s loop); the first frame from the inside that is none of those is the
+line the user wrote. Walking frames is pointer chasing; what a file is, is decided once per file.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import site
+import sys
+import sysconfig
+from types import FrameType
+from typing import Dict, List, Optional, Tuple
+
+DEPTH = 60  # frames walked at most: deeper than any loop's call into torch
+# What a location is of: the hooks that record one.
+KINDS = ("forward", "backward", "clip_grad_norm_", "optimizer.step", "scheduler.step")
+Where = Dict[str, Tuple[str, ...]]  # kind -> the distinct locations seen, in order
+
+
+@functools.lru_cache(maxsize=1)
+def _roots() -> Tuple[str, ...]:
+    """The folders whose files are not the user's: torch, this plugin, the standard library, site-packages."""
+    import torch
+
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the pytest_mgpu package
+    paths = {os.path.dirname(os.path.abspath(torch.__file__)), here}
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        p = sysconfig.get_paths().get(key)
+        if p:
+            paths.add(os.path.abspath(p))
+    try:
+        paths.update(os.path.abspath(p) for p in site.getsitepackages())
+    except AttributeError:  # a virtualenv's old site module
+        pass
+    return tuple(sorted(p.rstrip(os.sep) + os.sep for p in paths))
+
+
+@functools.lru_cache(maxsize=4096)
+def library(filename: str) -> bool:
+    """A file of torch, this plugin, the standard library or an installed package (or no file)."""
+    if not filename or filename.startswith("<"):
+        return True
+    path = os.path.abspath(filename)
+    return path.startswith(_roots())
+
+
+@functools.lru_cache(maxsize=4096)
+def shown(filename: str) -> str:
+    """The file as a message shows it: its name (a cause line has little room; the loop's author knows
+    which file holds it)."""
+    return os.path.basename(filename)
+
+
+def user_line(skip: int = 1) -> str:
+    """``"file:line"`` of the innermost frame outside the libraries, starting ``skip`` frames above
+    the caller's; "" where the stack holds none within ``DEPTH`` frames."""
+    frame: Optional[FrameType] = sys._getframe(skip + 1)
+    for _ in range(DEPTH):
+        if frame is None:
+            return ""
+        name = frame.f_code.co_filename
+        if not library(name):
+            return f"{shown(name)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""
+
+
+def add(where: Dict[str, List[str]], kind: str, line: str) -> None:
+    """Note ``line`` as a location of ``kind`` (each location once, in the order first seen)."""
+    if line:
+        seen = where.setdefault(kind, [])
+        if line not in seen:
+            seen.append(line)
+
+
+def merged(*parts: Dict[str, List[str]]) -> Dict[str, List[str]]:
+    out: Dict[str, List[str]] = {}
+    for part in parts:
+        for kind, lines in part.items():
+            for line in lines:
+                add(out, kind, line)
+    return out
+
+
+def frozen(where: Dict[str, List[str]]) -> Where:
+    """The locations as a step keeps them (small, picklable)."""
+    return {k: tuple(v) for k, v in where.items()}
