@@ -5,6 +5,7 @@ ranks (the hang and desync cases get 5 s each). Every bug of suites/ and example
 tests catch it with ``pytest.raises``), and a loop called with many keywords: the first line names what
 diverged, with its devices and step, and the second is the cause."""
 import os
+from pathlib import Path
 import signal
 import xml.etree.ElementTree as ET
 
@@ -111,7 +112,10 @@ def test_the_junit_message_carries_the_cause(tmp_path):
     (tmp_path / "test_junit_inner.py").write_text(TESTS)
     xml = tmp_path / "junit.xml"
     try:
-        rc, out = sp.run("--mgpu-fallback=cpu", "-p", "no:randomly", f"--junitxml={xml}", timeout=300)
+        root = str(Path(__file__).resolve().parent.parent)  # suites/ and examples/ import from the clone
+        path = os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+        rc, out = sp.run("--mgpu-fallback=cpu", "-p", "no:randomly", f"--junitxml={xml}", timeout=300,
+                         PYTHONPATH=path)
     finally:
         for p in sp.leftovers(timeout=10):
             os.kill(p, signal.SIGKILL)
