@@ -43,4 +43,5 @@ def fresh_function(ref: FnRef) -> Iterator[Callable[..., Any]]:
             obj = getattr(obj, part)
         yield obj
     finally:
-        sys.modules[ref.module] = before
+        if before is not None:  # always so here: a copy is made only of a module this rank had
+            sys.modules[ref.module] = before
