@@ -15,8 +15,9 @@ junit recorded (setup, call and teardown together). While a step runs the load a
 5 s: each step's line says the load it ran under (median and highest), since on a shared machine the
 same step takes 2-4x longer at load 10 than at load 1.
 
-What a test spends its time on is read from its source, not measured: the test function, the helpers
-of its module it calls (one level), and the fixtures it asks for. The heuristics, each a count of what
+What a test spends its time on is read from its source, not measured: the test function, the
+fixtures of its module it asks for, the helpers of its module these call (one level), and the
+module's code templates it names (what a pytester session runs). The heuristics, each a count of what
 the code does:
 - ``pytester sessions``: ``runpytest``/``inline_run`` calls, a ``subpytest`` fixture's ``popen``/``run``
   (a whole pytest session each, with its own rank start-up);
@@ -56,7 +57,8 @@ STEP_NAMES = {"tests/": "tests", "suites/": "suites", "examples/": "examples", "
 
 # category: patterns over a test's source (and its helpers'); a fixture name counts once
 CATEGORIES: Dict[str, Tuple[str, ...]] = {
-    "pytester sessions": (r"\brunpytest\w*\(", r"\binline_run\(", r"\bsubpytest\.(?:popen|run)\(", r"\bpytester\b"),
+    "pytester sessions": (r"\brunpytest\w*\(", r"\binline_run\(", r"\bsubpytest\.(?:popen|run)\(", r"\bpytester\b",
+                          r"\bSubpytest\("),
     "process starts": (r"--mgpu-isolate", r"\bsubprocess\.", r"sys\.executable", r"\bmp\.spawn\(",
                        r"\bdist\.spawn\(", r"\bPopen\("),
     "rank calls": (r"\bdist\.(?:run|run_single|benchmark)\(", r"\bworld_sizes\(", r"\bdist\b"),
@@ -185,8 +187,9 @@ def _module(path: Path) -> Tuple[str, Dict[str, ast.AST]]:
 
 
 def test_source(nodeid: str) -> List[Tuple[str, int]]:
-    """The test function's source, then each module helper it calls with the number of calls, and the
-    module-level strings it names (pytester templates: the inner session's code), once each."""
+    """The test function's source, the module's fixtures it asks for, each module helper these call
+    with the number of calls, and the module-level strings the test names (pytester templates: the
+    inner session's code), once each."""
     file, *rest = nodeid.split("::")
     path = ROOT / file
     if not path.is_file() or not rest:
@@ -197,10 +200,17 @@ def test_source(nodeid: str) -> List[Tuple[str, int]]:
         return []
     body = ast.get_source_segment(text, fn) or ""
     parts = [(body, 1)]
-    for name in sorted(set(re.findall(r"\b(\w+)\(", body))):
-        helper = defs.get(name)
-        if helper is not None and helper is not fn:
-            parts.append((ast.get_source_segment(text, helper) or "", len(re.findall(rf"\b{name}\(", body))))
+    # the module's fixtures the test asks for (a module-scoped pytester session is paid in its setup)
+    assert isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+    for arg in fn.args.args:
+        fixture = defs.get(arg.arg)
+        if fixture is not None and fixture is not fn:
+            parts.append((ast.get_source_segment(text, fixture) or "", 1))
+    for src, _ in list(parts):
+        for name in sorted(set(re.findall(r"\b(\w+)\(", src))):
+            helper = defs.get(name)
+            if helper is not None and helper is not fn:
+                parts.append((ast.get_source_segment(text, helper) or "", len(re.findall(rf"\b{name}\(", src))))
     for name in sorted(set(re.findall(r"\b([A-Z][A-Z0-9_]+)\b", body))):
         m = re.search(rf"^{name}\s*=\s*(?:f|r)?(\"\"\"|''')(.*?)\1", text, re.S | re.M)
         if m:
