@@ -67,3 +67,32 @@ def test_ddp_golden_holds_in_5_launches_in_another_test_order(pytester, monkeypa
     result = pytester.runpytest(*args, "-v")
     assert "structure changed" not in result.stdout.str(), result.stdout.str()
     result.assert_outcomes(passed=5)
+
+
+def test_a_launch_runs_its_function_from_a_fresh_copy_of_its_module(tmp_path, monkeypatch):
+    """The mechanism, in one process: what an earlier call left in the module does not reach the
+    launch, the rank's module is put back after it, and a module that cannot run twice is used as it is."""
+    import sys
+
+    from pytest_mgpu.launch.protocol import FnRef
+    from pytest_mgpu.timing.fresh import fresh_function
+
+    (tmp_path / "kept_state.py").write_text("STATE = []\n\ndef step():\n    STATE.append(1)\n    return len(STATE)\n")
+    (tmp_path / "once_only.py").write_text(
+        "import sys\nif getattr(sys, '_once_only_ran', False):\n    raise RuntimeError('already registered')\n"
+        "sys._once_only_ran = True\nCALLS = []\n\ndef step():\n    CALLS.append(1)\n    return len(CALLS)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import kept_state
+    import once_only
+
+    monkeypatch.setattr(sys, "_once_only_ran", True, raising=False)
+    assert kept_state.step() == 1 and once_only.step() == 1  # an earlier call in this "rank"
+    with fresh_function(FnRef.of(kept_state.step)) as step:
+        assert step() == 1 and step() == 2  # its own module state, from empty
+        assert sys.modules["kept_state"] is not kept_state
+    assert sys.modules["kept_state"] is kept_state and kept_state.STATE == [1]
+    with fresh_function(FnRef.of(once_only.step)) as step:
+        assert step() == 2  # the module could not run again: the rank's copy, as before
+    assert sys.modules["once_only"] is once_only
+    for name in ("kept_state", "once_only"):
+        monkeypatch.delitem(sys.modules, name)

@@ -12,7 +12,9 @@ So each launch of a benchmark runs its function from a new copy of its module, e
 its file, as a fresh rank's import would: module state starts empty in every launch. The copy is
 registered under the module's name for the launch (pickle, dataclasses and ``torch.compile`` look
 modules up there) and the module this rank had is put back afterwards. In a rank that had not
-imported the module yet (a fresh rank), the ordinary import is that copy already.
+imported the module yet (a fresh rank), the ordinary import is that copy already. A module that
+cannot be executed twice in one process (one that registers a custom op at import) runs from the
+rank's own copy, as before.
 """
 from __future__ import annotations
 
@@ -29,19 +31,24 @@ def fresh_function(ref: FnRef) -> Iterator[Callable[..., Any]]:
     """``with fresh_function(ref) as fn:`` ``fn`` from a module copy executed anew for this launch
     (``ref.resolve()`` where the module has no file, or was not imported in this rank before)."""
     before = sys.modules.get(ref.module)
-    spec = (importlib.util.spec_from_file_location(ref.module, ref.file)
-            if before is not None and ref.file and not ref.file.endswith("__init__.py") else None)
+    if before is None or not ref.file or ref.file.endswith("__init__.py"):
+        yield ref.resolve()
+        return
+    spec = importlib.util.spec_from_file_location(ref.module, ref.file)
     if spec is None or spec.loader is None:
         yield ref.resolve()
         return
     module = importlib.util.module_from_spec(spec)
     sys.modules[ref.module] = module
     try:
-        spec.loader.exec_module(module)
-        obj: Any = module
-        for part in ref.qualname.split("."):
-            obj = getattr(obj, part)
+        try:
+            spec.loader.exec_module(module)
+            obj: Any = module
+            for part in ref.qualname.split("."):
+                obj = getattr(obj, part)
+        except Exception:  # a module that cannot run twice in a process (it registers a custom op)
+            sys.modules[ref.module] = before
+            obj = ref.resolve()  # the rank's own copy: what the launch ran before this module
         yield obj
     finally:
-        if before is not None:  # always so here: a copy is made only of a module this rank had
-            sys.modules[ref.module] = before
+        sys.modules[ref.module] = before
