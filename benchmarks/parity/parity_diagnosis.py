@@ -6,6 +6,7 @@ loops, bugs caught, and whether the first "likely cause" names the bug.
     python benchmarks/parity/parity_diagnosis.py --analyze out.jsonl        # print a saved run again
     python benchmarks/parity/parity_diagnosis.py --set set2                 # the second held-out set
     python benchmarks/parity/parity_diagnosis.py --set set3 --plugin ../wt-before   # another checkout judged
+    python benchmarks/parity/parity_diagnosis.py --set set5                 # hand-sharded TP, EP MoE, AMP, ...
 
 Method. ``benchmarks/heldout/set1/`` holds nine trainer families written after public code (each
 module's docstring names it): per family a correct distributed loop ``train``, its correct
@@ -23,7 +24,9 @@ missed; a caught bug's diagnosis is right when a rubric regex matches the first 
 (the text before "Fix:"), and the cases where the two disagree are listed for a reader to settle.
 An exception other than ParityError / StepCountError is a crash (the families' code is meant not to
 raise); it is a crash inside the plugin when the innermost frame among the plugin's files and the
-families' is the plugin's (or when it was raised in the test process itself). The ranks run with
+families' is the plugin's (or when it was raised in the test process itself). A family with a
+``SHARDS`` dict (hand-sharded tensors no concatenation rebuilds) gets it as ``shards=`` when the
+judged plugin's ``assert_same_training`` has that keyword; the row records ``shards_passed``. The ranks run with
 ``OMP_NUM_THREADS=1`` unless it is set: on a loaded 2-core machine intra-op threads make a tiny
 model's step 50x slower. Asserts nothing.
 """
@@ -45,8 +48,8 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.parity.diagnosis_report import report  # noqa: E402
 
-SETS = ("set1", "set2", "set3")  # under benchmarks/heldout/
-OLD_NAMES = {"heldout": "set1", "heldout2": "set2", "heldout3": "set3"}  # what --set once took
+SETS = ("set1", "set2", "set3", "set5")  # under benchmarks/heldout/
+OLD_NAMES = {"heldout": "set1", "heldout2": "set2", "heldout3": "set3", "heldout5": "set5"}  # what --set once took
 PLUGIN = ROOT  # the checkout whose pytest_mgpu is judged; --plugin picks another
 PACKAGE = "heldout.set1"  # the family set judged; --set picks another before anything reads it
 
@@ -63,7 +66,7 @@ def right(bug_id: str, cause: str | None) -> bool:
 CAUGHT = ("ParityError", "StepCountError")
 
 TEST_FILE = '''
-import functools, importlib, json, os, time, pytest
+import functools, importlib, inspect, json, os, time, pytest
 import pytest_mgpu
 
 OUT = os.environ["DIAG_OUT"]
@@ -77,10 +80,14 @@ def test_case(dist, case):
     fn = functools.partial(fam.train, bug=case["bug"], variant=case["variant"])
     row = dict(case)
     row["plugin"] = os.path.dirname(os.path.dirname(os.path.abspath(pytest_mgpu.__file__)))
+    kw = {}
+    if getattr(fam, "SHARDS", None) and "shards" in inspect.signature(dist.assert_same_training).parameters:
+        kw["shards"] = fam.SHARDS   # a hand-sharded family's unsharding, where the plugin takes it
+    row["shards_passed"] = bool(kw)
     t0 = time.perf_counter()
     try:
         report = dist.assert_same_training(fn, fam.reference, dist.world_size, steps=fam.STEPS,
-                                           record="optimizer")
+                                           record="optimizer", **kw)
         row["outcome"], row["message"] = "passed", ""
         row["notes"] = [str(n) for n in report.notes][:6]
     except Exception as exc:  # every outcome is a row; the script judges them
@@ -186,7 +193,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also keep the rows in this JSONL file")
     parser.add_argument("--analyze", type=Path, help="print the report of a saved JSONL file; run nothing")
     parser.add_argument("--set", choices=SETS + tuple(OLD_NAMES), default="set1", dest="package",
-                        help="the family set under benchmarks/heldout/set1/: set1 (default), set2 or set3")
+                        help="the family set under benchmarks/heldout/: set1 (default), set2, set3 or set5")
     parser.add_argument("--plugin", type=Path, default=ROOT,
                         help="the checkout whose pytest_mgpu is judged (default: this one)")
     args = parser.parse_args()

@@ -20,21 +20,18 @@ from __future__ import annotations
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
-from .judge.distance import compare, tensor_error
 from .engine import ParityError, ParityReport, judge
 from .evidence.facts import UserFacts
-from .evidence.gather import side_facts
 from .evidence.loss import normalisation
-from .evidence.finding import replica_name
-from .judge.layout import Layout
-from .record.loops import Gaps, LoopJob, Record, SideResult, run_loop
-from .record.recorder import SideLog
-from .records import Kind, Portable, RankResult, StepRecord, TensorError
-from .judge.tolerance import EPS
+from .judge.sides import compare_sides
 from .judge.vacuous import nothing_compared
+from .layout.mapping import map_sides
+from .layout.shards import Shards, validate
+from .record.loops import LoopJob, Record, SideResult, run_loop
+from .record.recorder import SideLog
+from .records import Portable
 
 RECORDS = ("log", "optimizer")
-GRAD_PARAM: Tuple[Kind, ...] = ("grad", "param")
 
 
 class StepCountError(AssertionError):
@@ -44,13 +41,17 @@ class StepCountError(AssertionError):
 def assert_same_training(dist, fn, reference_fn, *args, steps: int = 3, record: Optional[Record] = None,
                          spawn: bool = False, rtol: Optional[float] = None, atol: Optional[float] = None,
                          timeout: Optional[float] = None, fn_kwargs: Optional[Dict[str, Any]] = None,
-                         reference_kwargs: Optional[Dict[str, Any]] = None, **kwargs) -> ParityReport:
+                         reference_kwargs: Optional[Dict[str, Any]] = None, shards: Optional[Shards] = None,
+                         **kwargs) -> ParityReport:
     """``fn`` in every rank against ``reference_fn`` in one process, both called with ``*args,
     **kwargs`` (``record="log"``: with ``log`` first and ``steps=``; ``spawn=True``: ``fn`` with the
     rank first), ``fn_kwargs`` and ``reference_kwargs`` added to one side only (overriding the shared
-    ones); raises ParityError where they train differently, returns the ParityReport."""
+    ones); ``shards``: tensors sharded by hand that detection cannot put together. Raises ParityError
+    where they train differently, returns the ParityReport.
+    Orchestrates only: record (both sides) -> map -> judge -> explain -> report."""
     __tracebackhide__ = True
     how = _resolve(steps, record, spawn)
+    validate(shards)
     mine, theirs, said = side_keywords(kwargs, fn_kwargs, reference_kwargs)
     from ..spawn_mode import new_prefix
 
@@ -66,13 +67,16 @@ def assert_same_training(dist, fn, reference_fn, *args, steps: int = 3, record: 
                   [(f"fn on rank {r}", side.side) for r, side in enumerate(ranks)], steps, how, dist.world_size)
     name = getattr(getattr(fn, "func", fn), "__name__", "fn")  # a functools.partial's function
     keep_structure(dist, name, ranks)
-    result = compare_sides([side.side for side in ranks], ref, name=name)
+    mapped = map_sides([side.side for side in ranks], ref.side, shards)
+    result = compare_sides(mapped, ref, name=name)
     plan = getattr(dist, "plan", None)
     where = plan.describe() if plan is not None else f"{dist.world_size} x {dist.device_type}"
     report = judge(result, result.facts.strategy, dist.world_size, where, rtol, atol, False)
     report.keywords = said
     report.notes += getattr(result.facts, "loop_notes", []) + ref.floor_notes
     _normalised(report)
+    if mapped.failed:
+        raise ParityError(f"{report.describe()}: {mapped.failure()}\n" + report.format(), report)
     vacuous = nothing_compared([("reference_fn", ref.side)] + [(f"fn on rank {r}", s.side) for r, s in enumerate(ranks)])
     if vacuous:
         raise ParityError(vacuous + ("" if report.passed else "\n\n" + report.failure_message()), report)
@@ -154,123 +158,6 @@ def _check_counts(sides: List[Tuple[str, SideLog]], steps: int, record: str, wor
         text += (" A side that ends before `steps` optimizer steps ran out of data or epochs: give it more, "
                  "or ask for fewer steps.")
     raise StepCountError(text)
-
-
-def compare_sides(ranks: List[SideLog], ref: SideResult, name: str) -> RankResult:
-    """Per-step errors: the ranks' loss (combined as their layout holds it) and each stage's first
-    rank against the reference, every other rank against its stage's first (replicas)."""
-    import torch
-
-    world = len(ranks)
-    layout = Layout.of(ranks)
-    facts = UserFacts(strategy=f"{name} (your training loop)", world_size=world, microbatches=world,
-                      exact_note="the ranks sum gradients over shards in another order than one device",
-                      resynced=False)
-    side_facts(facts, ranks, ref.side, layout)
-    facts.dtype = lowest_precision(ranks + [ref.side])
-    records = []
-    for step, want in enumerate(ref.side.steps):
-        logs = [side.steps[step] for side in ranks]
-        shadow = ref.shadow[step] if step < len(ref.shadow) else {}
-        twin = ref.twin[step] if step < len(ref.twin) else {}
-        facts.rank_losses.append([s.loss for s in logs])
-        loss = layout.loss(step, logs)
-        rec = StepRecord(step, [] if loss is None else [
-            tensor_error("loss", "loss", torch.tensor(loss, dtype=torch.float64),
-                         torch.tensor(want.loss, dtype=torch.float64))])
-        for kind in GRAD_PARAM:
-            rec.errors += _against_reference(kind, layout, logs, getattr(want, kind + "s"))
-        _attach(rec.errors, shadow, twin)
-        records.append(rec)
-    facts.loop_notes = loop_notes(ranks, ref.side, layout)
-    return RankResult(records, facts)
-
-
-def _against_reference(kind: Kind, layout: Layout, logs: List, want: Dict) -> List[TensorError]:
-    """Each stage's first rank against its part of the reference (all of it without a pipeline);
-    the reference's tensors that no stage holds are missing; the other ranks against their stage's
-    first, as replicas."""
-    out: List[TensorError] = []
-    held: set = set()
-    lead = getattr(logs[layout.stages[0][0]], kind + "s")
-    for i, stage in enumerate(layout.stages):
-        got = getattr(logs[stage[0]], kind + "s")
-        held.update(got)
-        if layout.expert_parallel and i > 0:  # its shared tensors are replicas of the first rank's
-            out += replicas(kind, stage[0], {n: t for n, t in got.items() if n in layout.shared},
-                            {n: t for n, t in lead.items() if n in layout.shared})
-            got = {n: t for n, t in got.items() if n not in layout.shared}
-        part = {n: t for n, t in want.items() if n in got} if len(layout.stages) > 1 else want
-        out += compare(kind, got, part)
-        for r in stage[1:]:
-            out += replicas(kind, r, getattr(logs[r], kind + "s"), getattr(logs[stage[0]], kind + "s"))
-    if len(layout.stages) > 1:
-        out += compare(kind, {}, {n: t for n, t in want.items() if n not in held})
-    return out
-
-
-def loop_notes(ranks: List[SideLog], ref: SideLog, layout: Layout) -> List[str]:
-    """What the report says of how the steps were recorded and the ranks judged."""
-    notes = []
-    for who, side in [("fn on the ranks", s) for s in ranks[:1]] + [("reference_fn", ref)]:
-        if side.uncounted:
-            notes.append(f"not counted: {side.uncounted} optimizer.step() that changed nothing (state "
-                         f"initialisation, e.g. DCP set_optimizer_state_dict), in {who}")
-        multi = sorted({s.backwards for s in side.steps if s.backwards > 1})
-        if multi:
-            notes.append(f"{who}: steps recorded with {' or '.join(map(str, multi))} backward passes each (gradient "
-                         "accumulation): a step's loss is the sum of the losses backpropagated since the previous "
-                         "step, as its gradient is")
-    lossy = next((s for s in ranks if s.reduce_dtype), None)
-    if lossy is not None:
-        notes.append(f"the ranks reduce their gradients in {lossy.reduce_dtype} ({lossy.reduced_by}): gradients "
-                     f"differ from one device at the {lossy.reduce_dtype} level, and the line takes that precision")
-    how = layout.describe()
-    if how:
-        notes.append(f"judged by what each rank holds: {how}")
-    return notes + layout.notes
-
-
-def lowest_precision(sides: List[SideLog]) -> str:
-    """The least precise dtype either side keeps its parameters or its loss in: no floor is below
-    its eps. Measured: FSDP2 with param_dtype=bfloat16 on 4 ranks against a bf16-autocast reference
-    computes its loss in bfloat16, 3e-3 from the reference's float32 loss, 130x the float64 run's loss
-    gap (2.2e-5): the reference's companions cannot see a precision only the ranks use. Autocast is
-    left out: the reference's twin computes in it and measures it (counting it too loosened the line
-    to bfloat16's eps everywhere, and a loss x world-size bug under autocast came within 5.7x of it,
-    against 4,220x)."""
-    seen = {d for side in sides for d in (side.dtype, side.loss_dtype, side.reduce_dtype) if d in EPS}
-    return max(seen, key=EPS.__getitem__, default="float32")
-
-
-def replicas(kind: Kind, rank: int, theirs: Dict, rank0: Dict) -> List[TensorError]:
-    """Rank ``rank``'s tensors against rank 0's, as rows ``rank r: <name>``. Replicas of DDP, FSDP
-    and tensor parallel are bitwise equal when correct; those skip the full error summary (measured:
-    half of the test process's judging time at W=2, 3/4 at W=4)."""
-    import torch
-
-    out, equal = [], set()
-    for name, t in theirs.items():
-        mine = rank0.get(name)
-        if t is not None and mine is not None and t.shape == mine.shape and t.dtype == mine.dtype \
-                and t.is_floating_point() and torch.equal(t, mine):
-            out.append(TensorError(kind, replica_name(rank, name), tuple(t.shape), 0.0, 0.0, numel=t.numel()))
-            equal.add(name)
-    rest = compare(kind, {n: t for n, t in theirs.items() if n not in equal},
-                   {n: t for n, t in rank0.items() if n not in equal})
-    for e in rest:
-        e.name = replica_name(rank, e.name)
-    return out + rest
-
-
-def _attach(errors: List[TensorError], shadow: Gaps, twin: Gaps) -> None:
-    """Each tensor's floor (||reference - float64 run||) and twin gap, by its name (a replica row
-    ``rank r: name`` takes its tensor's)."""
-    nan = float("nan")
-    for e in errors:
-        name = e.name.split(": ", 1)[1] if e.name.startswith("rank ") and ": " in e.name else e.name
-        e.floor = shadow.get((e.kind, name), nan)
-        e.twin = twin.get((e.kind, name), nan)
 
 
 def _normalised(report: ParityReport) -> None:

@@ -170,6 +170,7 @@ def _facts(ref, loss_fn, job: UserParityJob, device, stage_of) -> UserFacts:
     facts.strategy = f"{job.parallel_fn.ref.qualname} (your parallel module)"
     facts.stage_of = stage_of
     facts.exact_note = "your module computes in its own order"
+    facts.params_before_update = False  # each step's parameters are compared after its update
     return facts
 
 

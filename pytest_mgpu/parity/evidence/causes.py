@@ -77,6 +77,10 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("start-apart", "the ranks start from different weights", "seed every rank alike before building the model, "
           "or broadcast rank 0's parameters (DDP's constructor does; FSDP1: sync_module_states=True)",
           "The model is initialised per rank (a seed that depends on the rank) and never broadcast."),
+    Cause("shard-slice", "a rank holds another slice of a weight sharded by hand than its own", "slice each rank's "
+          "piece out of the same full weight at [rank * size:(rank + 1) * size] along the sharded dimension (as the "
+          "one-device model holds it), for every tensor-parallel layer", "The slice index or size is computed "
+          "otherwise on some rank (an off-by-one, the wrong rank or group used, or another split of a fused weight)."),
     Cause("start-other", "fn and reference_fn start from different weights", "seed both sides alike right before "
           "building the model, or load one state_dict into both"),
     Cause("lr-rank", "one rank's learning rate differs", SAME_OPT),
@@ -134,6 +138,12 @@ TABLE: Final[Tuple[Cause, ...]] = (
           lambda x, f: bool(f.rank_batchnorm or f.batchnorm)),
     Cause("loss-other", "Dropout or other randomness", "put the model in eval() or set p=0 for the parity check",
           "The ranks draw other masks than the reference.", lambda x, f: bool(f.dropout)),
+    Cause("loss-other", "the forward of the layers sharded by hand computes otherwise", "in each tensor-parallel "
+          "layer, reduce the partial outputs exactly once (an all_reduce in the forward of the row-parallel layer, "
+          "none in the column-parallel one), add a row-parallel bias once after that reduce, and split heads and "
+          "widths by the group size alike on every rank", "With the same weights and rows, the loss differs: the "
+          "forward through the pieces is not the whole layer's (a reduce missing or doubled, a bias added on every "
+          "rank, a head count or width not divided by the group size).", lambda x, f: bool(f.hand_sharded)),
     Cause("loss-other", "the ranks compute the loss otherwise (normalised by a local count, or missing other ranks' "
           "terms)", "normalise by the global count (all_reduce it), gather what the loss needs from every rank with "
           "torch.distributed.nn.functional.all_gather (it carries gradients), and reduce as the reference does",
@@ -154,6 +164,11 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "after optimizer.step() (with accumulation: after the step, not after each micro-batch)"),
     Cause("grads-zeroed-micro", "gradients zeroed between micro-batches", "call optimizer.zero_grad() once per "
           "optimizer step, after optimizer.step(), not inside the accumulation loop"),
+    Cause("grads-tp-unreduced", "gradients not reduced across the tensor-parallel group", "all_reduce the input's "
+          "gradient over the tensor-parallel group in the backward of the function that copies activations into the "
+          "parallel layers (Megatron's copy_to_tensor_model_parallel_region: identity forward, all_reduce backward)",
+          "A layer sharded by hand returns each rank's partial gradient of its input; without the all_reduce the "
+          "layers before it train on a part of their gradient.", lambda x, f: bool(f.hand_sharded)),
     Cause("grads-tp-unreduced", "gradients not reduced across the tensor-parallel group", "put the module in "
           "parallelize_module's plan so its weight becomes a Replicate DTensor whose gradient is reduced, or "
           "all_reduce that gradient over the tp mesh's group before optimizer.step()"),
@@ -175,6 +190,12 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "the others' (divide a SUM by the ranks that share them)", "Expert or shared parameters summed or "
           "divided by another factor.", lambda x, f: x.value != 1.0),
     Cause("grads-modules", RECOMPUTE, RECOMPUTE_FIX, RECOMPUTE_WHY, lambda x, f: f.recomputed),
+    Cause("grads-modules", "the backward through the layers sharded by hand computes otherwise", "reduce each "
+          "gradient exactly once over the tensor-parallel group: the input's gradient in the backward of the "
+          "copy-to-region function, none in the reduce-from-region one; and reduce over the data-parallel group "
+          "only (not the tensor-parallel one) what data parallelism shares", "With the same weights, some modules' "
+          "gradients differ: an all_reduce missing, doubled, or over the wrong group in a backward of the parallel "
+          "region.", lambda x, f: bool(f.hand_sharded)),
     Cause("grads-modules", "some modules get no gradient or another one", "keep those modules in the graph as the "
           "reference does (no detach/no_grad, the same requires_grad)", "A detached branch, frozen parameters, a "
           "module skipped or computed otherwise on the ranks."),

@@ -48,6 +48,9 @@ class UserFacts(RunFacts):
     recomputed: bool = False  # the ranks recompute forwards inside backward (activation checkpointing)
     partial_ranks: bool = False  # each rank holds part of the model (pipeline stages, experts): its optimizer too
     shards_apart: List[int] = field(default_factory=list)  # ranks whose dim-0 shard of the step-0 weights alone differs
+    params_before_update: bool = True  # a step's parameters were recorded before its update (not assert_parity's)
+    hand_sharded: Dict[str, str] = field(default_factory=dict)  # tensors sharded by hand, put together -> how
+    pieces_off: Dict[str, List[int]] = field(default_factory=dict)  # such a tensor -> ranks whose starting piece is not their slice
     rank_first_norms: List[List[float]] = field(default_factory=list)  # per step, per rank: first norm clipped (NaN: none)
     clips_dtensors: bool = False  # the ranks' parameters (or the norms they clipped) are DTensors
     nonfinite: Dict[str, List[str]] = field(default_factory=dict)  # side -> parameters not finite at step 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List
 
-from ..judge.layout import Layout
+from ..layout.groups import Layout
 from ..judge.vacuous import never_moved, zero_grads
 from ..record.recorder import SideLog
 from .facts import REFERENCE, UserFacts

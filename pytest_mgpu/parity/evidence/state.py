@@ -50,7 +50,11 @@ def _foreign(f: UserFacts) -> Optional[Finding]:
 
 
 def _start(report: Report, f: UserFacts) -> Optional[Finding]:
-    """Step 0's weights: between ranks that should hold the same, then against the reference."""
+    """Step 0's weights: between ranks that should hold the same, then against the reference. Only
+    where step 0's parameters are the weights before any update (a fact of the run: assert_parity of
+    your module compares them after each step's update, so a difference there is no start)."""
+    if not f.params_before_update:
+        return None
     apart = over(report, 0, "param", replicas=True)
     if apart:
         worst = max(apart, key=lambda e: e.rel)
@@ -64,6 +68,13 @@ def _start(report: Report, f: UserFacts) -> Optional[Finding]:
                        "the model, or broadcast rank 0's parameters (DDP's constructor does; FSDP1: "
                        "sync_module_states=True).", names=tuple(map(str, ranks)))
     other = over(report, 0, "param", replicas=False)
+    off = {n: r for n, r in f.pieces_off.items() if any(e.name == n for e in other)}
+    if off and not f.nonfinite:
+        name, ranks = next(iter(off.items()))
+        return Finding(0, "state", "certain rows", "shard-slice",
+                       f"at step 0 rank(s) {', '.join(map(str, ranks))} hold a piece of {name} ({f.hand_sharded[name]}) "
+                       f"that is not their slice of the reference's starting weights ({len(off)} tensor(s) sharded by "
+                       f"hand: {listed(list(off), 3)})", names=tuple(map(str, ranks)))
     if other and f.shards_apart and not f.nonfinite:
         return Finding(0, "state", "certain rows", "start-apart",
                        f"at step 0 the weights before any update differ from the reference's only in the shards of rank(s) "

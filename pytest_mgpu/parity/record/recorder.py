@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ...timing.structure.counter import quiet
 from ..gather import full_tensor
+from ..layout.names import holders
 
 # Path components that only wrappers add: dropped from every name.
 WRAPPER_PARTS = frozenset({"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_forward_module"})
@@ -109,6 +110,7 @@ class SideLog:
     sampler_passes: int = 0  # passes over a DistributedSampler seen (0: none used)
     uncounted: int = 0  # optimizer steps that changed nothing (lr 0, no gradient): not steps
     tp_peers: List[int] = field(default_factory=list)  # ranks that share this one's batch (TP/SP dims)
+    holders: List[str] = field(default_factory=list)  # name prefixes of modules holding the whole model (wrappers)
 
 
 def clean_name(name: str) -> str:
@@ -195,6 +197,7 @@ def describe(side: SideLog, models: List[Tuple[str, Any]], params: Dict[str, Any
     from torch.nn.modules.dropout import _DropoutNd
 
     for prefix, model in models:
+        side.holders += [prefix + h for h in holders(unwrap(model), clean_name)]
         for name, m in unwrap(model).named_modules():
             name = prefix + clean_name(name)
             if isinstance(m, _BatchNorm) and m.training and not isinstance(m, torch.nn.SyncBatchNorm):

@@ -12,6 +12,8 @@ from typing import List, Optional
 
 from ...launch.errors import RankFailure
 from ..record.loops import LoopJob
+from ..layout.mapping import assemble
+from ..layout.shards import Shards, validate
 from ..records import Portable
 from ..report import ParityReport
 from .folder import PhaseFolders, listing
@@ -27,12 +29,13 @@ class ResumeSetupError(AssertionError):
 
 def assert_resumes(dist, fn, *args, steps: int, stop_after: int, world_size_after: Optional[int] = None,
                    spawn: bool = False, rtol: Optional[float] = None, atol: Optional[float] = None,
-                   timeout: Optional[float] = None, **kwargs) -> ParityReport:
+                   timeout: Optional[float] = None, shards: Optional[Shards] = None, **kwargs) -> ParityReport:
     """Run ``fn(*args, **kwargs)`` (``spawn=True``: ``fn(rank, *args, **kwargs)``) uninterrupted,
     interrupted after ``stop_after`` steps, and resumed (on ``world_size_after`` ranks); raise
     ParityError where the resume trains otherwise, return the ParityReport of the resumed steps."""
     __tracebackhide__ = True
     after = _validate(steps, stop_after, world_size_after, dist.world_size)
+    validate(shards)
     from ...spawn_mode import new_prefix
 
     def job(phase: Phase, folder: str, **more) -> PhaseJob:
@@ -59,6 +62,7 @@ def assert_resumes(dist, fn, *args, steps: int, stop_after: int, world_size_afte
         raise ResumeSetupError(
             f"the resumed run took no optimizer step (in {shared}, which holds {listing(shared)}): the trainer ended "
             f"at once. Did it resume past its last epoch? It must train until {steps} steps in all.")
+    uninterrupted, resumed = _assembled(uninterrupted, shards), _assembled(resumed, shards)
     u_sides = [r.side for r in uninterrupted if r.side is not None]
     r_sides = [r.side for r in resumed if r.side is not None]
     start, matched = resume_point(marks, r_sides[0])
@@ -73,6 +77,15 @@ def assert_resumes(dist, fn, *args, steps: int, stop_after: int, world_size_afte
     report = judge_resume(run, uninterrupted, resumed, start, matched, rtol, atol, exact)
     folders.remove()
     return report
+
+
+def _assembled(results: List[PhaseResult], shards: Optional[Shards]) -> List[PhaseResult]:
+    """The phase's results with the tensors ``shards`` names put together from every rank's piece."""
+    sides = [r.side for r in results]
+    if not shards or any(s is None for s in sides):
+        return results
+    whole = assemble([s for s in sides if s is not None], shards)
+    return [dataclasses.replace(r, side=s) for r, s in zip(results, whole)]
 
 
 def _validate(steps, stop_after, world_size_after, world: int) -> int:

@@ -67,8 +67,17 @@ def digest(optimizer) -> str:
             t = p.detach()
             t = t.to_local() if hasattr(t, "to_local") else t
             h.update(str(tuple(t.shape)).encode())
-            h.update(t.contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            h.update(raw_bytes(t))
     return h.hexdigest()
+
+
+def raw_bytes(t) -> bytes:
+    """The bytes of ``t``'s elements, read without numpy (torch's wheel does not install it, and
+    ``Tensor.numpy()`` raises "Numpy is not available" where it is missing)."""
+    import ctypes
+
+    t = t.detach().cpu().contiguous()
+    return ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()) if t.numel() else b""
 
 
 def reproduced(uninterrupted: List[List[str]], interrupted: List[List[str]], steps: int) -> bool:

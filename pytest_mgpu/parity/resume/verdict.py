@@ -16,12 +16,13 @@ from ...brief import fit
 from ..engine import ParityError, ParityReport, judge
 from ..message import divergence_table, summary_table
 from ..evidence.causes import likely_causes
-from ..judge.layout import Layout
+from ..layout.groups import Layout
 from ..judge.tolerance import Tolerance
 from ..judge.vacuous import nothing_compared
 from ..record.loops import SideResult
 from ..record.recorder import SideLog, StepLog
-from ..training import compare_sides
+from ..judge.sides import compare_sides
+from ..layout.mapping import map_sides
 from .hints import Finding, Resume, findings
 from .marks import SAME, Mark, closest, finite, mark
 from .line import last_update_differs
@@ -92,7 +93,7 @@ def judge_resume(run: Run, uninterrupted: List[PhaseResult], resumed: List[Phase
     r_sides = [r.side for r in resumed if r.side is not None]
     facts = Resume(u_sides, r_sides, start, matched, run.steps)
     ref = reference(u_sides, uninterrupted[0], start, len(r_sides[0].steps))
-    result = compare_sides(r_sides, ref, name=run.name)
+    result = compare_sides(map_sides(r_sides, ref.side), ref, name=run.name)
     for rec in result.records:
         rec.step += start + 1
     report = judge(result, result.facts.strategy, run.world_after, run.where_after, rtol, atol, False)

@@ -1,0 +1,176 @@
+"""The mapping step: what each rank recorded, in the reference's names and shapes, once, with the
+groups it found (test process). judge/ and evidence/ read its result, never the raw records.
+
+- Names through any wrapper (``names.py``): the same names, a wrapper's prefix found by identity,
+  a unique ending, or position and shape; each way but the first is noted.
+- Shards put together (``shards.py``): tensors sharded by hand (found by shape, or stated with
+  ``shards=``) gathered in rank order; DTensors and FSDP were already gathered in the ranks.
+- The groups (``groups.Layout``): replicas, tensor-parallel peers (those sharing a shard included),
+  pipeline stages, expert-parallel ranks.
+What maps to nothing is listed, never compared: a tensor without a counterpart is no evidence that
+weights differ, and a run with one fails saying what could not be mapped instead of a cause.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..record.recorder import SideLog, StepLog
+from .groups import Layout
+from .names import NameMap, name_map, rename
+from .shards import Shards, Sharding, describe, find, gather, pieces_off, slice_held, stated, validate
+
+
+@dataclass
+class Mapped:
+    """The ranks' records in the reference's terms, and how they were mapped."""
+
+    ranks: List[SideLog]
+    layout: Layout
+    notes: List[str] = field(default_factory=list)
+    unmapped: List[str] = field(default_factory=list)  # the ranks' tensors with no counterpart ("rank r: name")
+    missing: List[str] = field(default_factory=list)  # the reference's tensors no rank holds
+    mismatched: Dict[str, str] = field(default_factory=dict)  # name -> how its shapes differ, not put together
+    sharded: Dict[str, str] = field(default_factory=dict)  # tensors put together from hand shards -> how
+    pieces_off: Dict[str, List[int]] = field(default_factory=dict)  # name -> ranks whose starting piece is not their slice
+
+    @property
+    def failed(self) -> bool:
+        """Some tensor could not be compared: the verdict cannot rest on the rest."""
+        return bool(self.unmapped or self.missing or self.mismatched)
+
+    def failure(self) -> str:
+        """What could not be mapped, and how to map it (the failure's first lines, no cause)."""
+        parts = []
+        if self.mismatched:
+            name, how = next(iter(self.mismatched.items()))
+            parts.append(f"{len(self.mismatched)} tensor(s) have another shape on the ranks than in the reference "
+                         f"and are not a shard the plugin can put together (e.g. {name}: {how})")
+        if self.unmapped:
+            parts.append(f"{len(self.unmapped)} of the ranks' tensor(s) have no counterpart in the reference "
+                         f"(e.g. {', '.join(self.unmapped[:3])})")
+        if self.missing:
+            parts.append(f"{len(self.missing)} of the reference's tensor(s) are held by no rank "
+                         f"(e.g. {', '.join(self.missing[:3])})")
+        fix = ("Fix: for a tensor sharded by hand, pass shards={'<name pattern>': <dim>} or a callable that puts the "
+               "ranks' pieces together (a fused or interleaved layout); for names that differ, give both loops the "
+               "same model class, or check that both optimizers step the same parameters")
+        return "not compared (no counterpart in the reference): " + "; ".join(parts) + f".\n{fix}"
+
+
+def map_sides(ranks: List[SideLog], ref: SideLog, shards: Optional[Shards] = None) -> Mapped:
+    """The ranks' records in the reference's names and shapes (``shards``: the user's statement of
+    tensors sharded by hand, ``{"name pattern": dim or callable(pieces) -> tensor}``)."""
+    spec = validate(shards)
+    if not ref.steps or not ranks or not all(side.steps for side in ranks):
+        return Mapped(ranks, Layout.of(ranks))
+    want = {n: _shape(t) for n, t in ref.steps[0].params.items()}
+    partial = len({tuple(sorted(side.steps[0].params)) for side in ranks}) > 1
+    maps: Dict[Tuple[str, ...], NameMap] = {}
+    notes: List[str] = []
+    unmapped: List[str] = []
+    named = []
+    for r, side in enumerate(ranks):
+        key = tuple(side.steps[0].params)
+        if key not in maps:
+            maps[key] = name_map({n: _shape(t) for n, t in side.steps[0].params.items()}, want, side.holders,
+                                 ref.holders, partial)
+            notes += [n for n in maps[key].notes if n not in notes]
+        unmapped += [f"rank {r}: {n}" if len(ranks) > 1 else n for n in maps[key].unmapped]
+        named.append(_renamed(side, maps[key]))
+    starts = [side.steps[0].params for side in named]
+    sharding = find(starts, ref.steps[0].params, spec)
+    off = pieces_off(starts, ref.steps[0].params, sharding)
+    _misread(sharding, off, starts[0], ref.steps[0].params)
+    mapped = _gathered(named, sharding) if sharding.rules else named
+    held = {n for side in mapped for n in side.steps[0].params}
+    missing = [n for n in ref.steps[0].params if n not in held] if not unmapped else []
+    return Mapped(mapped, Layout.of(mapped), notes + describe(sharding), unmapped, missing, sharding.mismatched,
+                  {n: "by shards=" if r.join else f"along dim {r.dim}" for n, r in sharding.rules.items()},
+                  {n: r for n, r in off.items() if n in sharding.rules})
+
+
+def _misread(sharding: Sharding, off: Dict[str, List[int]], rank0: Dict[str, Any], ref: Dict[str, Any]) -> None:
+    """Tensors found by shape whose pieces, put together in rank order, are not the reference's
+    starting weights on any rank, and whose rank-0 piece is no slice of it at all, while every whole
+    tensor the ranks hold starts as the reference's: a layout shapes cannot tell (a fused qkv weight
+    whose q, k, v slices interleave), so not a comparison that was made. They move to
+    ``mismatched``, asking for ``shards=``. (Pieces that are slices in the wrong places are a bug.)"""
+    import torch
+
+    every = [n for n, r in sharding.rules.items() if not r.stated and r.dim is not None
+             and set(off.get(n, ())) >= {g[0] for g in sharding.groups[r.k]}
+             and slice_held(rank0[n], ref[n], r.dim, r.k) is None]
+    if not every:
+        return
+    whole = [n for n in ref if n not in sharding.rules and rank0.get(n) is not None and ref[n] is not None]
+    if any(not torch.allclose(rank0[n].double(), ref[n].double(), rtol=1e-5, atol=1e-7) for n in whole
+           if rank0[n].shape == ref[n].shape):
+        return  # the whole tensors start apart too: evidence of another start, judged as such
+    for name in every:
+        rule = sharding.rules.pop(name)
+        sharding.mismatched[name] = (f"its pieces put together along dim {rule.dim} in rank order are not the "
+                                     "reference's starting weights, though every whole tensor starts as the "
+                                     "reference's: a fused or interleaved layout")
+
+
+def _shape(t) -> Tuple[int, ...]:
+    return tuple(t.shape) if t is not None else ()
+
+
+def _renamed(side: SideLog, names: NameMap) -> SideLog:
+    """``side`` under the reference's names (itself where every name is the reference's)."""
+    if not names.notes and not names.unmapped:
+        return side
+
+    def step(s: StepLog) -> StepLog:
+        return dataclasses.replace(s, grads=rename(s.grads, names.to_ref), params=rename(s.params, names.to_ref),
+                                   untrained={names.convert(n): v for n, v in s.untrained.items()})
+
+    return dataclasses.replace(side, steps=[step(s) for s in side.steps], final=rename(side.final, names.to_ref))
+
+
+def _gathered(sides: List[SideLog], sharding: Sharding) -> List[SideLog]:
+    """Each rank's steps with its group's shards put together, and its group as its peers."""
+    steps = [gather_step([side.steps[i] for side in sides], sharding) for i in range(len(sides[0].steps))]
+    finals = gather([side.final for side in sides], sharding) if all(side.final for side in sides) else \
+        [side.final for side in sides]
+    out = []
+    for r, side in enumerate(sides):
+        peers = next((g for g in sharding.peers if r in g), [])
+        out.append(dataclasses.replace(side, steps=[s[r] for s in steps], final=finals[r],
+                                       tp_peers=sorted(set(side.tp_peers) | set(peers))))
+    return out
+
+
+def gather_step(steps: List[StepLog], sharding: Sharding) -> List[StepLog]:
+    """One step of every rank, with the shards put together; a param group's size counts the whole
+    tensors (where the step has one group; with several, which group holds a piece is not recorded,
+    so the size is left out)."""
+    grads = gather([s.grads for s in steps], sharding)
+    params = gather([s.params for s in steps], sharding)
+    out = []
+    for s, g, p in zip(steps, grads, params):
+        grown = sum(p[n].numel() - s.params[n].numel() for n in sharding.rules if p.get(n) is not None
+                    and s.params.get(n) is not None)
+        hyper = [dict(h) for h in s.hyper]
+        for h in hyper:
+            if "parameters" in h:
+                if len(hyper) == 1:
+                    h["parameters"] += grown
+                else:
+                    del h["parameters"]
+        out.append(dataclasses.replace(s, grads=g, params=p, hyper=hyper))
+    return out
+
+
+def assemble(sides: List[SideLog], shards: Optional[Shards]) -> List[SideLog]:
+    """Each side with the tensors ``shards`` names put together from all sides' pieces, in rank
+    order (``assert_resumes``: no one-device reference gives the whole shapes, so only what the user
+    stated is put together, over every rank)."""
+    spec = validate(shards)
+    if not spec or not sides or not all(side.steps for side in sides):
+        return sides
+    sharding = stated(sides[0].steps[0].params, spec, len(sides))
+    return _gathered(sides, sharding) if sharding.rules else sides
