@@ -7,7 +7,7 @@ are caught, correct runs pass, and each failure says what it saw.
   judged bitwise: a forgotten scheduler, or a learning rate 0.1% off, fails as "not bitwise".
 - Accumulation without dividing the loss, hidden by clipping: named from the norms clipped.
 - ``fn_kwargs`` / ``reference_kwargs``: a keyword for one side only, and the report line naming them.
-The same measurements, graded and repeated: ``benchmarks/parity_power.py``."""
+The same measurements, graded and repeated: ``benchmarks/parity/parity_power.py``."""
 import functools
 
 import pytest

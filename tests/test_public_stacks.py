@@ -1,13 +1,13 @@
 """Stacks torch ships, each as its public code writes it, correct and passing under
-``assert_same_training`` (``benchmarks/heldout/``: written from the tutorials and torch's own docs,
-held out from the diagnosis work while ``benchmarks/parity_diagnosis.py`` measured it):
+``assert_same_training`` (``benchmarks/heldout/set1/``: written from the tutorials and torch's own docs,
+held out from the diagnosis work while ``benchmarks/parity/parity_diagnosis.py`` measured it):
 
 - FSDP1 at its defaults (``use_orig_params=False``: the optimizer steps flat parameters, read as
   torch lays them out; ``summon_full_params(with_grads=True)`` is not supported there);
 - DDP with ``bf16_compress_hook`` (the line takes the precision the gradients are reduced in);
 - ``ZeroRedundancyOptimizer`` over DDP (each rank's optimizer holds a shard of the state);
 - an expert-parallel MoE layer with ``all_to_all_single`` (top-1, and DeepSpeed-style top-2 with a
-  capacity, ``benchmarks/heldout2/``), FSDP1 as its tutorial writes it, ZeRO beside comm hooks."""
+  capacity, ``benchmarks/heldout/set2/``), FSDP1 as its tutorial writes it, ZeRO beside comm hooks."""
 import functools
 import importlib
 
@@ -18,10 +18,10 @@ from pytest_mgpu import ParityError, world_sizes
 
 @world_sizes(2)
 @pytest.mark.parametrize("family, variant", [("fsdp1", None), ("comm_hooks", "bf16"), ("zero_ddp", None),
-                                             ("moe_ep", None), ("heldout2.fsdp1_tut", None),
-                                             ("heldout2.moe_top2", None), ("heldout2.comm_hook_zero", "zero")])
+                                             ("moe_ep", None), ("set2.fsdp1_tut", None),
+                                             ("set2.moe_top2", None), ("set2.comm_hook_zero", "zero")])
 def test_correct_public_stack_passes(dist, family, variant):
-    fam = importlib.import_module(f"benchmarks.{family if '.' in family else 'heldout.' + family}")
+    fam = importlib.import_module(f"benchmarks.heldout.{family if '.' in family else 'set1.' + family}")
     report = dist.assert_same_training(functools.partial(fam.train, variant=variant), fam.reference,
                                        dist.world_size, steps=fam.STEPS, record="optimizer")
     print(report.format().splitlines()[0])
@@ -39,7 +39,7 @@ def test_correct_public_stack_passes(dist, family, variant):
 def test_replicas_that_differ_are_the_first_cause_by_their_phase(dist, family, bug, cause):
     """Ranks that should hold equal tensors and do not, at the first diverging step: said first, with
     the phase they differ in and the evidence, whatever else differs after."""
-    fam = importlib.import_module(f"benchmarks.heldout.{family}")
+    fam = importlib.import_module(f"benchmarks.heldout.set1.{family}")
     with pytest.raises(ParityError) as failure:
         dist.assert_same_training(functools.partial(fam.train, bug=bug), fam.reference, dist.world_size,
                                   steps=fam.STEPS, record="optimizer")

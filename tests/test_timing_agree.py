@@ -93,6 +93,24 @@ def test_compare_and_pytest_give_the_same_verdict_on_the_same_data(tmp_path):
                     rule.Status.UNCONFIRMED, rule.Status.FASTER, rule.Status.UNSTABLE, rule.Status.NOISY}
 
 
+def test_only_a_judged_slowdown_warns_and_the_report_says_what_the_others_are(tmp_path):
+    """Under --mgpu-gate=warn only the confirmed slowdown of a history that could see it warns; a
+    learning row (+16%, and +300% against one launch), a noisy and an unstable slow one do not, and
+    the lines under the table say what each is."""
+    cases = dict(CASES, learning_far=(_hist(2, 9), math.log(4.0), "", None))
+    _store(tmp_path, {name: c[0] for name, c in cases.items()})
+    state = TimingState(TimingSettings(baselines_dir=tmp_path / "baselines", gate="warn"), lambda device_type: FP)
+    judged = state.judge([_measurement(name, x, u, again, seed=i)
+                          for i, (name, (_, x, u, again)) in enumerate(cases.items())])
+    fails, warns = state.problems(judged)
+    assert fails == [] and [w.split(" ", 1)[0] for w in warns] == [_task("slower_confirmed").key], warns
+    lines = messages.noisy_lines(judged)
+    far = next(line for line in lines if line.startswith(_task("learning_far").key))
+    assert "learning (2 of 5 launches): +" in far and "not judged and not warned" in far, far
+    assert any(line.startswith(f"{_task('learning').key}: learning (1 of 5") for line in lines), lines
+    assert any(line.startswith(f"{_task('noisy').key}: noisy:") for line in lines), lines
+
+
 def test_a_noisy_launch_says_why_and_is_never_saved_to_its_history(tmp_path):
     """A wide history judges a launch noisy: the words name the spread, the smallest slowdown it can
     see, the runner's load (as the probe read it) and the revision lane; a save appends the tight

@@ -1,4 +1,4 @@
-"""The previous regression rule (before the launch history), kept for ``benchmarks/gate_power.py``'s side-by-side
+"""The previous regression rule (before the launch history), kept for ``benchmarks/timing/gate_power.py``'s side-by-side
 comparison and as information: significantly slower iterations (one-sided Mann-Whitney U) than ONE
 stored launch AND a median over the threshold. The gate itself now uses ``rule`` (launch history);
 on a shared machine this rule judges the machine's mood between launches (26.5% false alarms).

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
 from ..launch.protocol import FnRef
+from .fresh import fresh_function
 from .reference import make_reference
 from .structure.figures import StepStructure
 
@@ -187,14 +188,20 @@ def _calibrated_repeat(estimate: float, min_run_time: float) -> int:
 
 
 def rank_loop(fn_ref: FnRef, args: tuple, kwargs: dict, loop: LoopConfig) -> RankTiming:
-    """Runs in every rank (through ``dist.run``): set up, warm up, time, measure memory."""
-    import torch
-
+    """Runs in every rank (through ``dist.run``): set up, warm up, time, measure memory. ``fn`` runs
+    from a fresh copy of its module (``fresh``), so what earlier calls left in a warm rank's copy
+    (a model a step built on its first call) does not change this launch's setup."""
     from .._context import rank_context
 
     ctx = rank_context()
-    fn = fn_ref.resolve()
     clock = Clock(ctx)
+    with fresh_function(fn_ref) as fn:  # module state as in a fresh rank: the same setup in every launch
+        return _measured(ctx, clock, fn, args, kwargs, loop)
+
+
+def _measured(ctx, clock: "Clock", fn, args: tuple, kwargs: dict, loop: LoopConfig) -> RankTiming:
+    import torch
+
     step, peak, source, structure = recorded_setup(ctx, clock, fn, args, kwargs)
     warm = warm_up(clock, step, loop)
     repeat = loop.repeat

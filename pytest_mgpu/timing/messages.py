@@ -135,14 +135,28 @@ def _history_stalls(d: dict) -> bool:
     return n < MIN_HISTORY and (n > 0 or bool(d.get("saving")))
 
 
+def learning_line(d: dict) -> str:
+    """Why a LEARNING launch beyond the threshold is not warned: how far it is from the few launches
+    recorded, and that they cannot tell such a change from the runner's noise."""
+    v = verdict_of(d)
+    assert v is not None and v.ratio is not None  # judged against a history of at least one launch
+    return (f"learning ({v.n_history} of {MIN_HISTORY} launches): {(v.ratio - 1) * 100:+.1f}% against them, not "
+            f"judged and not warned: {visible_with(v.n_history, v.threshold)}. Record more with --mgpu-save-timing, "
+            "or gate now with --mgpu-against")
+
+
 def noisy_lines(measurements) -> list:
-    """Under the terminal table: one line per measurement its history could not judge (NOISY), and
+    """Under the terminal table: one line per measurement its history could not judge (NOISY), per
+    learning one beyond the threshold (too few launches to tell a change from noise: no warning), and
     per unstable one whose history is still short: an unstable launch is never saved, so on a runner
     where launches keep coming out unstable the history never fills."""
     out = []
     for d in measurements:
         status = (d.get("verdict") or {}).get("status")
-        if status == Status.NOISY.value:
+        v = verdict_of(d)
+        if status == Status.LEARNING.value and v is not None and v.ratio is not None and v.ratio > 1 + v.threshold:
+            out.append(f"{d['key']}: {learning_line(d)}")
+        elif status == Status.NOISY.value:
             out.append(f"{d['key']}: noisy: {noisy_line(d)}")
         elif status == Status.UNSTABLE.value and _history_stalls(d):
             out.append(f"{d['key']}: unstable ({d.get('unstable') or 'its iterations vary too much'}): not saved, so "
@@ -238,7 +252,9 @@ def lane_notes(measurements) -> list:
 
 
 class TimingRegressionWarning(UserWarning):
-    """A measurement is slower than its history, where that only warns (or the history is short)."""
+    """A measurement the gate judged slower (its history could see the change and the re-measurement
+    agreed, or the revision lane's interval lies above the threshold), where that only warns
+    (``--mgpu-gate=warn``). A learning, noisy or unstable row never warns: the report says what it is."""
 
 
 def regression_headline(fails: list, against: str = "") -> str:

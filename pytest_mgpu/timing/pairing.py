@@ -15,7 +15,7 @@ quiet machine and ignores the batches a loaded machine preempts (up to 20% at ea
 The interval is the bootstrap percentile interval over pairs, at LEVEL = 99%. The decisions are
 one-sided at each end, so a change exactly at the threshold is called slower (or faster) with at
 most 0.5%; an unchanged revision lies a whole threshold (10%) away from either edge, so it is
-practically never called either (``benchmarks/gate_power.py`` measures it). 95% would leave 2.5% at
+practically never called either (``benchmarks/timing/gate_power.py`` measures it). 95% would leave 2.5% at
 the edge, 50 times what the goal of <= 1% false alarms per measurement allows once the interval's
 own inexactness with 10-40 heavy-tailed pairs is added; 99.9% would need about 1.5x the pairs for
 the same power.

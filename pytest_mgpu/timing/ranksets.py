@@ -2,7 +2,7 @@
 same cores on both sets, and a set's imported user modules dropped when it changes roles.
 
 Why: a set of warm ranks carries a speed of its own for as long as it lives. Measured on the 2-core
-machine (``benchmarks/revision_bias.py``, ResNet18 DDP step, 2 gloo ranks per set, the same code on
+machine (``benchmarks/timing/revision_bias.py``, ResNet18 DDP step, 2 gloo ranks per set, the same code on
 both sides): the head/base ratio of separate A/A measurements scattered with sd 0.077-0.13 in log
 (five of eight called "faster", x0.78-0.86) where each measurement's own interval said se 0.02-0.025.
 Part of it is where the scheduler put each set's threads (unpinned, the same two sets moved from x1.0

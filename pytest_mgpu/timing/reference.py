@@ -9,7 +9,7 @@ shared part of that drift (duet benchmarking, Bulej et al., ICPE 2020; RMIT, Abe
 What: dense fp32 matrix products of a fixed size, seed and count, on the rank's device with the
 rank's thread count. Matrix products are what torch's compute-bound steps (linear and conv layers)
 spend their time in, so they slow down with the same neighbours and the same frequency drops. Measured
-(``benchmarks/gate_power.py``, docs/design/timing-gate.md): on the 2-core machine oversubscribed by other test suites, the
+(``benchmarks/timing/gate_power.py``, docs/design/timing-gate.md): on the 2-core machine oversubscribed by other test suites, the
 correlation between step and reference medians across launches was only 0.31 (a 35 ms step is preempted
 far more than this 2 ms reference), so there x = ln(step/reference) spread almost as much as the raw
 medians (0.67 vs 0.69 log sd). The rule stays honest anyway (its interval uses the measured spread); a

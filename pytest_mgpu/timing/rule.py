@@ -10,7 +10,7 @@ launch inside the interval is then NOISY, never SAME (``detectable_change``; nev
 
 Why this and not Mann-Whitney on iterations (kept as information): on the shared 2-core machine the
 machine's speed moves between launches by far more than a step's iterations vary inside one launch
-(docs/design/timing-gate.md; ``benchmarks/gate_power.py``), so a test on iterations of one stored launch judges the
+(docs/design/timing-gate.md; ``benchmarks/timing/gate_power.py``), so a test on iterations of one stored launch judges the
 machine's mood: 26.5% false alarms per measurement. A prediction interval over many launches
 measures exactly that between-launch spread; dividing by the in-run reference removes the shared
 part of it. Measured (gate_power.py, 60 launches on the shared 2-core machine at load 12-18): the step's

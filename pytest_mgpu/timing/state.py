@@ -106,7 +106,10 @@ class TimingState:
 
     @staticmethod
     def problems(judged: List[dict]) -> Tuple[List[str], List[str]]:
-        """(failures, warnings): regression messages by gate mode, and warnings of short histories."""
+        """(failures, warnings): regression messages by gate mode. Only a launch the gate judged slower
+        (the history could see the change, and the re-measurement agreed) or the revision lane found
+        slower is either: a learning, noisy or unstable row is told in the report (``noisy_lines``),
+        never warned, since a warning that fires on unchanged code as on a slower one tells nothing."""
         from .messages import describe, revision_line
 
         fails: List[str] = []
@@ -118,8 +121,6 @@ class TimingState:
             v = rule.HistoryVerdict.from_dict(d["verdict"])
             if v.status == rule.Status.SLOWER:
                 (fails if d["gate_mode"] == "fail" else warns).append(f"{d['key']} {describe(d)}")
-            elif v.status == rule.Status.LEARNING and v.ratio is not None and v.ratio > 1 + v.threshold:
-                warns.append(f"{d['key']} {describe(d)}")
         return fails, warns
 
     # -- in the controller --------------------------------------------------------------------------

@@ -6,6 +6,7 @@ in the report), Student's t distribution (the gate's prediction interval), mean 
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -113,8 +114,11 @@ def t_sf(t: float, df: float) -> float:
     return tail if t >= 0 else 1.0 - tail
 
 
+@functools.lru_cache(maxsize=4096)
 def t_quantile(p: float, df: float) -> float:
-    """The ``p`` quantile of Student's t (bisection on ``t_sf``; exact to ~1e-10)."""
+    """The ``p`` quantile of Student's t (bisection on ``t_sf``; exact to ~1e-10). Kept per (p, df):
+    the gate asks the same few (1 - alpha at 4-29 degrees of freedom, for every launch and every
+    history length ``launches_needed`` tries), and each bisection evaluates ``t_sf`` up to 200 times."""
     if not 0.0 < p < 1.0:
         raise ValueError(f"t_quantile needs 0 < p < 1, got {p}")
     if p < 0.5:
