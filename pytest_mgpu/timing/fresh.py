@@ -30,16 +30,17 @@ from ..launch.protocol import FnRef
 def fresh_function(ref: FnRef) -> Iterator[Callable[..., Any]]:
     """``with fresh_function(ref) as fn:`` ``fn`` from a module copy executed anew for this launch
     (``ref.resolve()`` where the module has no file, or was not imported in this rank before)."""
-    before = sys.modules.get(ref.module)
-    if before is None or not ref.file or ref.file.endswith("__init__.py"):
-        yield ref.resolve()
+    name = ref.module
+    before = sys.modules.get(name) if name is not None and ref.blob is None else None
+    if name is None or before is None or not ref.file or ref.file.endswith("__init__.py"):
+        yield ref.resolve()  # a closure travels by value: it is its own copy already
         return
-    spec = importlib.util.spec_from_file_location(ref.module, ref.file)
+    spec = importlib.util.spec_from_file_location(name, ref.file)
     if spec is None or spec.loader is None:
         yield ref.resolve()
         return
     module = importlib.util.module_from_spec(spec)
-    sys.modules[ref.module] = module
+    sys.modules[name] = module
     try:
         try:
             spec.loader.exec_module(module)
@@ -47,8 +48,8 @@ def fresh_function(ref: FnRef) -> Iterator[Callable[..., Any]]:
             for part in ref.qualname.split("."):
                 obj = getattr(obj, part)
         except Exception:  # a module that cannot run twice in a process (it registers a custom op)
-            sys.modules[ref.module] = before
+            sys.modules[name] = before
             obj = ref.resolve()  # the rank's own copy: what the launch ran before this module
         yield obj
     finally:
-        sys.modules[ref.module] = before
+        sys.modules[name] = before
