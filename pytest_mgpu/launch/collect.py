@@ -25,7 +25,7 @@ START_LIMIT_S = 120.0  # how long ranks may take to start and join the group, on
 # How long before an outer limit (pytest-timeout) a call is cut, so that the stacks, the kill and the
 # report are out before it fires. The stack wait is bounded by unfinished.STACK_WAIT_S (a rank that
 # does not answer); the rest (kill, attribution, report, teardown) took at most 0.22 s over 5 runs of a hung
-# 4-rank call on the loaded 2-core machine (benchmarks/attribution.py --only margin): 3 s leaves ~0.8 s
+# 4-rank call on the loaded 2-core machine (benchmarks/launch/attribution.py --only margin): 3 s leaves ~0.8 s
 # to spare. When the outer limit is shorter than twice that, the cut falls halfway to it instead.
 REPORT_MARGIN_S = 3.0
 # The longest one wait on the ranks blocks the main thread. Python runs a signal's handler (Ctrl-C's

@@ -23,7 +23,7 @@ Cost, measured on the loaded 2-core CI machine with torch imported: a warm rank'
 3.3-3.8 ms per call (median of 50; SQLite connects and writes in coverage's ``save``), start 0.1 ms;
 the tracer is stopped between calls, so the rank's own loop is not measured. A fresh rank also builds and
 starts its ``Coverage`` (25 ms) and, unless the forkserver preloaded it (``preload``), imports coverage
-(110 ms). ``benchmarks/coverage_cost.py`` times whole calls with and without ``--cov``; there the
+(110 ms). ``benchmarks/launch/coverage_cost.py`` times whole calls with and without ``--cov``; there the
 machine's load moved medians by more than the warm cost (20.7 ms per 2-rank call without --cov).
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ def measuring():
 def preload() -> List[str]:
     """What the forkserver should import for the ranks: ``coverage`` when this process is measured.
     Importing it in every fresh rank took 110 ms of the 172 ms that --cov added to a fresh 2-rank call
-    (``benchmarks/coverage_cost.py``, before the preload)."""
+    (``benchmarks/launch/coverage_cost.py``, before the preload)."""
     return ["coverage"] if measuring() is not None else []
 
 

@@ -15,7 +15,7 @@ they land, stay near it. Why a running max over steps: the amplification does no
 within a few steps, and one shadow's draw of kinks can be luckier at step s than at s-1.
 Why sqrt(partial sums): a strategy that splits a sum over W shards or M micro-batches adds
 roundoff of its own that grows like its square root (as the derived rule has it).
-MULTIPLE is measured: see ``benchmarks/parity_calibration.py`` and the note on it below.
+MULTIPLE is measured: see ``benchmarks/parity/parity_calibration.py`` and the note on it below.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ EPS = {"float64": 2.22e-16, "float32": 1.19e-7, "tf32": 9.77e-4, "bfloat16": 7.8
 # atol only matters for tensors whose reference is ~0 (unused or dead parameters).
 ATOL_FACTOR = 1e-3
 # How far above the float64 gap a correct strategy may land (times sqrt(partial sums)). Measured by
-# benchmarks/parity_calibration.py over a zoo of correct configurations (MLP, CNN-GN, ResNet18/50
+# benchmarks/parity/parity_calibration.py over a zoo of correct configurations (MLP, CNN-GN, ResNet18/50
 # GN and eval-BN, MobileNetV2-GN, a Transformer encoder; DDP/FSDP x2/x4, model parallel, pipelines;
 # 4 steps; several seeds; torch threads 1 and 2): see docs/design/parity-calibration.md for the figures.
 MULTIPLE = 16.0

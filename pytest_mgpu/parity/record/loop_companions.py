@@ -14,7 +14,7 @@ the model lets roundoff grow, step by step, over the whole run. The loops cannot
   order, which is what a data-parallel or tensor-parallel run changes. It needs nothing of the model,
   so it runs where the shadow cannot (a pinned dtype, a model in bfloat16), in that precision.
 
-Measured (benchmarks/parity_calibration.py --loops, 100 AdamW steps of a minGPT-like trainer, W=2
+Measured (benchmarks/parity/parity_calibration.py --loops, 100 AdamW steps of a minGPT-like trainer, W=2
 and 4, 2 seeds): where the dtype is pinned, the derived rule (no companion) failed all 8 correct
 float32 and bf16-autocast runs (worst 17x the line); the twin passed them all (worst 0.08 of the line),
 as close as the float64 run comes on the same model unpinned (0.076).

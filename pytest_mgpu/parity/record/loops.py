@@ -30,7 +30,7 @@ Gaps = Dict[Tuple[str, str], float]  # (kind, name) -> ||reference - companion||
 # gap means the loop built its model from something the shadow did not reproduce (a clock, a file,
 # os.urandom): then its distance is not roundoff, and judging by it would forgive any bug.
 SAME_START = 1e-4
-# Calibration only: "both" runs the twin beside a working float64 shadow (benchmarks/parity_calibration.py).
+# Calibration only: "both" runs the twin beside a working float64 shadow (benchmarks/parity/parity_calibration.py).
 COMPANIONS_ENV = "PYTEST_MGPU_PARITY_COMPANIONS"
 
 
