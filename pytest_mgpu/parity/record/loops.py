@@ -149,6 +149,10 @@ def add_companions(result: SideResult, job: LoopJob, fn, seed: int) -> None:
     except Exception as exc:  # noqa: BLE001 - no twin, say why
         result.floor_notes.append(f"no same-precision twin either ({type(exc).__name__}: {exc})")
         return
+    elsewhere = same_start(result.side, twin)  # a twin from other weights measures another network
+    if elsewhere:
+        result.floor_notes.append("no same-precision twin either: " + elsewhere.replace("float64 run", "twin"))
+        return
     result.twin = step_gaps(result.side, twin)
     if not result.shadow or low:
         result.floor_notes.append(
