@@ -192,7 +192,14 @@ def pieces_off(ranks: List[Dict[str, Any]], ref: Dict[str, Any], sharding: Shard
     roundoff of an init computed in another order)."""
     out: Dict[str, List[int]] = {}
     for name, rule in sharding.rules.items():
-        if rule.dim is None or ref.get(name) is None:
+        if ref.get(name) is None:
+            continue
+        if rule.dim is None:  # put together by the user's callable: which piece is off cannot be told
+            for group in sharding.groups[rule.k]:
+                whole = join([ranks[r].get(name) for r in group], rule)
+                if whole is not None and (tuple(whole.shape) != tuple(ref[name].shape) or float(
+                        (whole.double() - ref[name].double()).norm()) > rel * max(float(ref[name].double().norm()), 1e-30)):
+                    out.setdefault(name, []).extend(group)
             continue
         want = ref[name].double()
         for group in sharding.groups[rule.k]:
