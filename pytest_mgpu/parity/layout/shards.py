@@ -175,20 +175,23 @@ def _span(group: List[int]) -> str:
         (len(group) == 2 and group[1] == group[0] + 1) else ", ".join(map(str, group))
 
 
+def _near(got, want, rel: float) -> bool:
+    """``got`` is ``want`` to ``rel`` norm-wise (the same shape)."""
+    want = want.double()
+    return tuple(got.shape) == tuple(want.shape) and \
+        float((got.double() - want).norm()) <= rel * max(float(want.norm()), 1e-30)
+
+
 def slice_held(piece, whole, dim: int, k: int, rel: float = 1e-5) -> Optional[int]:
     """Which of the ``k`` slices of ``whole`` along ``dim`` ``piece`` is (None: none of them)."""
     size = piece.shape[dim]
-    for i in range(k):
-        mine = whole.narrow(dim, i * size, size).double()
-        if float((piece.double() - mine).norm()) <= rel * max(float(mine.norm()), 1e-30):
-            return i
-    return None
+    return next((i for i in range(k) if _near(piece, whole.narrow(dim, i * size, size), rel)), None)
 
 
 def pieces_off(ranks: List[Dict[str, Any]], ref: Dict[str, Any], sharding: Sharding, rel: float = 1e-5
                ) -> Dict[str, List[int]]:
-    """Per tensor put together along a dimension: the ranks whose piece of the starting weights is
-    not their slice of the reference's (evidence of a wrong slice; ``rel``: norm-wise, far above the
+    """Per tensor put together: the ranks whose piece of the starting weights is not their slice of
+    the reference's (a callable's group as a whole) (evidence of a wrong slice; ``rel``: norm-wise, far above the
     roundoff of an init computed in another order)."""
     out: Dict[str, List[int]] = {}
     for name, rule in sharding.rules.items():
@@ -197,19 +200,14 @@ def pieces_off(ranks: List[Dict[str, Any]], ref: Dict[str, Any], sharding: Shard
         if rule.dim is None:  # put together by the user's callable: which piece is off cannot be told
             for group in sharding.groups[rule.k]:
                 whole = join([ranks[r].get(name) for r in group], rule)
-                if whole is not None and (tuple(whole.shape) != tuple(ref[name].shape) or float(
-                        (whole.double() - ref[name].double()).norm()) > rel * max(float(ref[name].double().norm()), 1e-30)):
+                if whole is not None and not _near(whole, ref[name], rel):
                     out.setdefault(name, []).extend(group)
             continue
-        want = ref[name].double()
         for group in sharding.groups[rule.k]:
             for i, r in enumerate(group):
                 piece = ranks[r].get(name)
-                if piece is None:
-                    continue
-                size = piece.shape[rule.dim]
-                mine = want.narrow(rule.dim, i * size, size)
-                if float((piece.double() - mine).norm()) > rel * max(float(mine.norm()), 1e-30):
+                if piece is not None and not _near(piece, ref[name].narrow(rule.dim, i * piece.shape[rule.dim],
+                                                                           piece.shape[rule.dim]), rel):
                     out.setdefault(name, []).append(r)
     return out
 
