@@ -67,13 +67,13 @@ TRAINER = textwrap.dedent('''
 ''')
 
 
-def test_assert_resumes_runs_without_numpy_or_torchvision(pytester):
+def test_assert_resumes_runs_without_numpy_or_torchvision(pytester, monkeypatch):
     site = pytester.mkdir("site")
     (site / "sitecustomize.py").write_text(BLOCK)
     pytester.makepyfile(test_alone=TRAINER)
     pytester.makeini("[pytest]\nmgpu_fallback = cpu\n")
     path = os.environ.get("PYTHONPATH", "")
     env_path = os.pathsep.join([str(site)] + ([path] if path else []))
-    pytester._monkeypatch.setenv("PYTHONPATH", env_path)
+    monkeypatch.setenv("PYTHONPATH", env_path)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q", timeout=600)
     result.assert_outcomes(passed=1)
