@@ -83,6 +83,22 @@ class Copy(torch.autograd.Function):
         return grad
 
 
+class ReduceTwice(torch.autograd.Function):
+    """A reduce-from-region function that all_reduces in its backward too (a bug)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x = x.clone()
+        tdist.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        tdist.all_reduce(grad)
+        return grad
+
+
 class Reduce(torch.autograd.Function):
     """Megatron's reduce_from_tensor_model_parallel_region: all_reduce forward, identity backward."""
 
@@ -117,7 +133,8 @@ class ParallelMLP(nn.Module):
     def forward(self, x):
         x = x if self.bug == "no_backward_allreduce" else Copy.apply(x)
         h = F.gelu(F.linear(x, self.fc1.weight, self.fc1.bias))
-        return Reduce.apply(F.linear(h, self.fc2.weight)) + self.fc2.bias
+        reduce = ReduceTwice if self.bug == "reduce_twice" else Reduce
+        return reduce.apply(F.linear(h, self.fc2.weight)) + self.fc2.bias
 
 
 def _with_embed(block):

@@ -87,6 +87,7 @@ def test_a_fused_qkv_needs_shards_and_passes_with_it(dist):
 @pytest.mark.parametrize("bug,cause,module", [
     ("wrong_slice", "another slice of a weight sharded by hand", "1.fc1.weight"),
     ("no_backward_allreduce", "gradients not reduced across the tensor-parallel group", "only in 0"),
+    ("reduce_twice", "sharded by hand are multiplied by the world size", "by 2x (= the world size 2)"),
 ])
 def test_a_bug_in_one_shard_fails_naming_its_module(dist, bug, cause, module):
     with pytest.raises(ParityError) as info:

@@ -46,3 +46,19 @@ def test_replicas_that_differ_are_the_first_cause_by_their_phase(dist, family, b
     first = next(line for line in str(failure.value).splitlines() if line.startswith("likely cause: "))
     print(first)
     assert first.startswith(f"likely cause: {cause}"), first
+
+
+@world_sizes(2)
+@pytest.mark.parametrize("family, bug, cause", [
+    ("set1.moe_ep", "expert_grad_allreduced", "the experts' gradients are reduced over ranks that hold other experts"),
+    ("set2.moe_top2", "capacity_global", "the expert-parallel layer routes or combines tokens otherwise"),
+])
+def test_an_expert_parallel_bug_is_said_for_the_layout_found(dist, family, bug, cause):
+    """Where the ranks hold experts of their own beside shared layers, a loss or an expert gradient that
+    differs with the same weights is said for that layout, not as a loss normalised by a local count."""
+    fam = importlib.import_module(f"benchmarks.heldout.{family}")
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(functools.partial(fam.train, bug=bug), fam.reference, dist.world_size,
+                                  steps=fam.STEPS, record="optimizer")
+    line = str(info.value).splitlines()[1]
+    assert line.startswith("likely cause: ") and cause in line, line

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Final, List, Optional, Tuple
 
-from . import gradients, inputs, loss, state, update
+from . import conduct, gradients, inputs, loss, state, update
 from .facts import UserFacts
 from .finding import Finding, Report
 from .located import located
@@ -66,6 +66,12 @@ def scaler_order(f: UserFacts, step: int) -> str:
     if "clip" in order:
         return said + ", with clip_grad_norm_ and no scaler.unscale_ in the step"
     return said
+
+
+def experts_only(x: Finding, f: UserFacts) -> bool:
+    """Expert parallel, and every module the finding names holds only experts' tensors (none shared)."""
+    return bool(f.shared) and bool(x.names) and not any(
+        s == m or s.startswith(m + ".") for m in x.names for s in f.shared)
 
 
 def below(x: Finding, f: UserFacts) -> bool:
@@ -134,6 +140,10 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("modes", "the model runs in another mode (train/eval) on one side", "call model.train() after each "
           "validation pass (and eval() alike on both sides)", "A model left in eval() after validation computes "
           "BatchNorm with running statistics and drops no units."),
+    Cause("mode-validation", "a validation forward (under no_grad) runs in training mode on the ranks", "call "
+          "model.eval() before each validation pass and model.train() after it, as the reference does", "In training "
+          "mode its dropout draws random numbers (the next training step's masks differ) and BatchNorm updates its "
+          "running statistics from the validation rows."),
     Cause("optimizer-state", "the optimizer's state differs", "save and load the optimizer's state with the model's "
           "(optimizer.state_dict(), or DCP get_optimizer_state_dict/set_optimizer_state_dict)",
           "An optimizer built anew and not restored starts with no state (Adam's moments zero, step counters "
@@ -166,6 +176,10 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "The loss is multiplied by the world size before backward; DDP already averages the gradients.", world),
     Cause("loss-factor", "the loss is divided by the world size before backward", "backpropagate the plain mean loss",
           "DDP already averages the gradients.", inverse),
+    Cause("backward-extra", "a loss the reference does not backpropagate reaches the step (a validation loss "
+          "outside torch.no_grad(), or a backward left in)", "run validation under torch.no_grad() (or "
+          "torch.inference_mode()) and backpropagate only the training loss", "Its gradients add to the training "
+          "loss's (zero_grad ran before it), so the step's gradient is another."),
     Cause("output-order", "the output rows are the reference's in another order", "append each micro-batch's output "
           "in input order and torch.cat once"),
     Cause("loss-other", "the loss backpropagated is multiplied by a GradScaler's scale on one side only",
@@ -178,12 +192,21 @@ TABLE: Final[Tuple[Cause, ...]] = (
           lambda x, f: bool(f.rank_batchnorm or f.batchnorm)),
     Cause("loss-other", "Dropout or other randomness", "put the model in eval() or set p=0 for the parity check",
           "The ranks draw other masks than the reference.", lambda x, f: bool(f.dropout)),
-    Cause("loss-other", "the forward of the layers sharded by hand computes otherwise", "in each tensor-parallel "
+    Cause("loss-other", "the forward of the layers sharded by hand computes otherwise (a partial output reduced "
+          "twice, averaged or not at all, a row-parallel bias added on every rank before the reduce, or heads and "
+          "widths not divided by the group size)", "in each tensor-parallel "
           "layer, reduce the partial outputs exactly once (an all_reduce in the forward of the row-parallel layer, "
           "none in the column-parallel one), add a row-parallel bias once after that reduce, and split heads and "
           "widths by the group size alike on every rank", "With the same weights and rows, the loss differs: the "
           "forward through the pieces is not the whole layer's (a reduce missing or doubled, a bias added on every "
           "rank, a head count or width not divided by the group size).", lambda x, f: bool(f.hand_sharded)),
+    Cause("loss-other", "the expert-parallel layer routes or combines tokens otherwise than the reference", "route "
+          "and combine as the reference does: the expert capacity computed over the global tokens, router noise drawn "
+          "for the global batch from a generator seeded alike on every rank, the load-balancing loss from the "
+          "all-reduced dispatch fractions, each token sent to the rank that holds its expert and its output put back "
+          "in its place", "With the same weights and rows the loss differs: the capacity "
+          "(which tokens are dropped), the router's noise, the auxiliary loss or the dispatch and combine see each "
+          "rank's tokens only.", lambda x, f: bool(f.shared)),
     Cause("loss-other", "the ranks compute the loss otherwise (normalised by a local count, or missing other ranks' "
           "terms)", "normalise by the global count (all_reduce it), gather what the loss needs from every rank with "
           "torch.distributed.nn.functional.all_gather (it carries gradients), and reduce as the reference does",
@@ -232,6 +255,11 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "An averaged all_reduce (or DDP's average) is divided again.", inverse),
     Cause("grads-factor", "gradients scaled by a constant", "use reduction='mean' as the reference does, or scale "
           "both sides alike", "A loss with reduction='sum', or a gradient scaled by hand."),
+    Cause("grads-modules", "the gradients through the layers sharded by hand are multiplied by the world size "
+          "(reduced twice)", "reduce each gradient exactly once over the tensor-parallel group: the reduce-from-region "
+          "function all_reduces in its forward only, the copy-to-region one in its backward only", "An all_reduce in "
+          "both the forward and the backward of a region function, or a sum over the ranks where each already holds "
+          "the whole gradient, multiplies it by the group size.", lambda x, f: bool(f.hand_sharded) and world(x, f)),
     Cause("grads-modules", "gradients of some modules are reduced otherwise", "reduce those modules' gradients as "
           "the others' (divide a SUM by the ranks that share them)", "Expert or shared parameters summed or "
           "divided by another factor.", lambda x, f: x.value != 1.0),
@@ -242,6 +270,10 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "only (not the tensor-parallel one) what data parallelism shares", "With the same weights, some modules' "
           "gradients differ: an all_reduce missing, doubled, or over the wrong group in a backward of the parallel "
           "region.", lambda x, f: bool(f.hand_sharded)),
+    Cause("grads-modules", "the experts' gradients are reduced over ranks that hold other experts", "leave each "
+          "expert's gradient to the rank that holds it (keep expert parameters out of the data-parallel all_reduce), "
+          "scaled as the reference's", "Each rank holds its own experts: an all_reduce over their gradients mixes "
+          "unrelated tensors.", lambda x, f: experts_only(x, f)),
     Cause("grads-modules", "some modules get no gradient or another one", "keep those modules in the graph as the "
           "reference does (no detach/no_grad, the same requires_grad)", "A detached branch, frozen parameters, a "
           "module skipped or computed otherwise on the ranks."),
@@ -297,7 +329,7 @@ def localise(report: Report) -> List[Finding]:
     f = report.facts
     if not isinstance(f, UserFacts):
         return []
-    found = state.findings(report, f) + inputs.findings(f) + loss.findings(report, f) + \
+    found = state.findings(report, f) + conduct.findings(report, f) + inputs.findings(f) + loss.findings(report, f) + \
         gradients.findings(report, f) + update.findings(report, f)
     first = report.first_divergence
     if first is not None:

@@ -46,6 +46,7 @@ class UserFacts(RunFacts):
     rank_modes: List[List[tuple]] = field(default_factory=list)  # per step, per rank: (eval, all) BatchNorm/dropout
     ref_modes: List[tuple] = field(default_factory=list)  # per step: the reference's
     recomputed: bool = False  # the ranks recompute forwards inside backward (activation checkpointing)
+    shared: List[str] = field(default_factory=list)  # expert parallel: the tensors every rank holds (the rest: experts)
     partial_ranks: bool = False  # each rank holds part of the model (pipeline stages, experts): its optimizer too
     shards_apart: List[int] = field(default_factory=list)  # ranks whose dim-0 shard of the step-0 weights alone differs
     params_before_update: bool = True  # a step's parameters were recorded before its update (not assert_parity's)
@@ -57,6 +58,8 @@ class UserFacts(RunFacts):
     rank_states: List[List[tuple]] = field(default_factory=list)  # per step, per rank: (held, step count)
     ref_states: List[tuple] = field(default_factory=list)  # per step: the reference's
     rank_backwards: int = 1  # scalars rank 0 backpropagated at step 0 (> 1: gradient accumulation)
+    rank_step_backwards: List[List[int]] = field(default_factory=list)  # per step, per rank: scalars backpropagated
+    ref_step_backwards: List[int] = field(default_factory=list)  # per step: the reference's
     tp_inputs_differ: bool = False  # tensor-parallel peers fed rows that are not one batch (rank-dependent)
     carried: str = ""  # "<side> at step <s>": gradients that kept the previous step's (no zero_grad)
     reduce_dtype: str = ""  # the precision the ranks reduce gradients in, where below the parameters'

@@ -82,6 +82,15 @@ def common_factor(ratios: List[float]) -> float:
     return k
 
 
+def world_factor_of_most(ratios: List[float], world: int) -> int:
+    """How many of ``ratios`` are the world size (within 2%), where that is most of them (at least two,
+    and over half); 0 otherwise. A gradient reduced twice over the ranks is multiplied by the world size
+    in the modules it passes through, while a module that also takes another path (a residual) mixes
+    the factor with 1."""
+    near = sum(1 for r in ratios if world > 1 and abs(r / world - 1) < 0.02)
+    return near if near >= 2 and 2 * near > len(ratios) else 0
+
+
 def factor_words(k: float, world: int, backwards: int = 1) -> str:
     """``k`` and what it equals, where it is the world size, its inverse or the backward passes:
     "4x (= the 4 backward passes per step)"."""

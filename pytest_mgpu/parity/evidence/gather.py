@@ -37,6 +37,8 @@ def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Lay
     facts.ref_untrained = [s.untrained for s in ref.steps]
     facts.carried = carried_over(ranks[0], ref) if ranks else ""
     facts.rank_backwards = ranks[0].steps[0].backwards if ranks and ranks[0].steps else 1
+    facts.rank_step_backwards = [[side.steps[i].backwards for side in ranks] for i in range(steps)]
+    facts.ref_step_backwards = [s.backwards for s in ref.steps]
     facts.rank_clips = [[_factors(side.steps[i]) for side in ranks] for i in range(steps)]
     facts.ref_clips = [_factors(s) for s in ref.steps]
     facts.rank_clip_norms = [[c[0] for c in s.steps[i].clips] for s in ranks[:1] for i in range(steps)]
@@ -56,6 +58,7 @@ def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Lay
     facts.rank_scaler = [[side.steps[i].scaler for side in ranks] for i in range(steps)]
     facts.ref_scaler = [s.scaler for s in ref.steps]
     facts.partial_ranks = len(layout.stages) > 1
+    facts.shared = sorted(layout.shared) if layout.expert_parallel else []
     facts.recomputed = any(side.recomputed for side in ranks)
     facts.shards_apart = shards_apart(ranks[0].steps[0].params, ref.steps[0].params, len(ranks)) \
         if ranks and ranks[0].steps and ref.steps else []

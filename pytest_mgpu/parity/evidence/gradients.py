@@ -14,7 +14,8 @@ from ..judge.tolerance import EPS
 from ..record.recorder import SideLog
 from ..records import TensorError
 from .facts import REFERENCE, UserFacts
-from .finding import Finding, Report, common_factor, factor_words, listed, modules_of, over, plain_name, replica_of
+from .finding import (Finding, Report, common_factor, factor_words, listed, modules_of, over, plain_name, replica_of,
+                      world_factor_of_most)
 
 SAME_CLIP = 1e-2  # relative: a clip factor from the same norm, up to the sides' roundoff
 
@@ -104,8 +105,11 @@ def _partial(step: int, bad: List[TensorError], errs: List[TensorError], f: User
                        f"at step {step} the gradients differ from the reference's at the {level} level "
                        f"({worst.rel:.2g} rel at most, {level}'s eps {EPS[level]:.2g})"
                        + (f": {f.reduced_by} rounds them" if f.reduced_by else ""), names=(level,))
-    if len(mods) < len(all_mods):
+    most = world_factor_of_most(ratios, f.world_size) if k == 1.0 and f.hand_sharded else 0
+    k = float(f.world_size) if most else k
+    if len(mods) < len(all_mods) or k != 1.0:  # some tensors only, or only those by one factor
         by = f", all by {factor_words(k, f.world_size, f.rank_backwards)}" if k != 1.0 else ""
+        by = f", {most} of them by {factor_words(k, f.world_size)}" if most else by
         missing = [e.name for e in bad if e.missing]
         return Finding(step, "gradients", "some modules", "grads-modules",
                        f"at step {step}, with the same weights, only the gradients of {listed(mods)} differ from the "

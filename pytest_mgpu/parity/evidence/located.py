@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from typing import Dict, Final, List, Tuple
 
+from ..record.where import EVAL_FORWARD, TRAIN_NO_GRAD
 from .facts import REFERENCE, UserFacts
 from .finding import Finding
 
 # signal (or its prefix before "-") -> the call kinds that make it; "between" reads two
 BY_SIGNAL: Final[Dict[str, Tuple[str, ...]]] = {
     "lr-rank": ("scheduler.step",), "lr-faster": ("scheduler.step",), "lr-schedule": ("scheduler.step",),
-    "modes": ("forward",), "rows": ("forward",), "epoch-repeat": ("forward",), "data-restart": ("forward",),
-    "loss": ("backward",), "clip": ("clip_grad_norm_",),
+    "modes": (EVAL_FORWARD,), "mode": (TRAIN_NO_GRAD,), "rows": ("forward",), "epoch-repeat": ("forward",), "data-restart": ("forward",),
+    "loss": ("backward",), "backward": ("backward",), "clip": ("clip_grad_norm_",),
     "grads-carried": ("backward",), "grads-zeroed-micro": ("backward",),
     "grads": ("backward", "optimizer.step"), "stage": ("backward",),
     "update-rank": ("optimizer.step",), "update-other": ("optimizer.step",),

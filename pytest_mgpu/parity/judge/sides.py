@@ -82,9 +82,15 @@ def loop_notes(ranks: List[SideLog], ref: SideLog, layout: Layout) -> List[str]:
             notes.append(f"not counted: {side.uncounted} optimizer.step() that changed nothing (state "
                          f"initialisation, e.g. DCP set_optimizer_state_dict), in {who}")
         multi = sorted({s.backwards for s in side.steps if s.backwards > 1})
-        if multi:
+        some = [i for i, s in enumerate(side.steps) if s.backwards > 1]
+        if multi and len(some) == len(side.steps):
             notes.append(f"{who}: steps recorded with {' or '.join(map(str, multi))} backward passes each (gradient "
                          "accumulation): a step's loss is the sum of the losses backpropagated since the previous "
+                         "step, as its gradient is")
+        elif multi:
+            shown = ", ".join(map(str, some[:4])) + (", ..." if len(some) > 4 else "")
+            notes.append(f"{who}: step(s) {shown} recorded with {' or '.join(map(str, multi))} backward passes, the "
+                         "others with one: a step's loss is the sum of the losses backpropagated since the previous "
                          "step, as its gradient is")
     lossy = next((s for s in ranks if s.reduce_dtype), None)
     if lossy is not None:

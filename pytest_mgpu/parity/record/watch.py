@@ -31,7 +31,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from ...timing.structure.counter import quiet
 from ..gather import full_tensor
 from .fsdp1_flat import is_flat
-from .where import add, merged, user_line
+from .where import EVAL_FORWARD, TRAIN_NO_GRAD, add, merged, user_line
+
 
 @dataclass
 class Inputs:
@@ -225,10 +226,15 @@ class Watch:
         where the step ran no forward in training mode (a model trained in eval mode)."""
         import torch
 
+        line = user_line(2)
         if not torch.is_grad_enabled() and not in_function():
-            add(self._inputs.where, "forward under no_grad", user_line(2))
+            add(self._inputs.where, "forward under no_grad", line)
+            if module.training:
+                add(self._inputs.where, TRAIN_NO_GRAD, line)  # a validation pass without eval()
             return
-        add(self._inputs.where, "forward", user_line(2))
+        add(self._inputs.where, "forward", line)
+        if not all(m.training for m in module.modules()):
+            add(self._inputs.where, EVAL_FORWARD, line)  # eval() left on after a validation pass
         rows = fingerprint(x) if x is not None and not hasattr(x, "full_tensor") else []
         if module.training:
             self._inputs.rows += rows

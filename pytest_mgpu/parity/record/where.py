@@ -20,6 +20,9 @@ from typing import Dict, List, Optional, Tuple
 DEPTH = 60  # frames walked at most: deeper than any loop's call into torch
 # What a location is of: the hooks that record one.
 KINDS = ("forward", "backward", "clip_grad_norm_", "optimizer.step", "scheduler.step")
+# Kinds that say how a forward ran, beside its location as a "forward" or "forward under no_grad":
+EVAL_FORWARD = "forward in eval mode"  # a training forward (with gradients), some modules in eval()
+TRAIN_NO_GRAD = "no_grad forward in train mode"  # a forward without gradients (validation) in train()
 Where = Dict[str, Tuple[str, ...]]  # kind -> the distinct locations seen, in order
 
 
