@@ -2,8 +2,8 @@
 does): every 2 steps a forward over held-out rows in ``eval()`` under ``torch.no_grad()``, then
 ``train()`` again. The model has dropout whose masks come from one generator every process seeds
 alike (drawn for the global batch, each rank keeping its rows), so a correct loop agrees with the
-one-device loop. ``bug=`` breaks the validation the ways users do; ``rank0_validates`` is correct
-(validation only on rank 0, its result not fed back)."""
+one-device loop. ``bug=`` breaks the validation the ways users do (``skip_step``: rank 1 skips one optimizer step);
+``rank0_validates`` is correct (validation only on rank 0, its result not fed back)."""
 from __future__ import annotations
 
 import torch
@@ -56,7 +56,8 @@ def _fit(model, rows_of, bug=None, validates=True):
     for step in range(STEPS):
         x, y = rows_of(step)
         F.cross_entropy(model(x), y).backward()
-        opt.step()
+        if not (bug == "skip_step" and tdist.get_rank() == 1 and step == 2):
+            opt.step()
         opt.zero_grad()
         if (step + 1) % EVERY == 0 and validates:
             _validate(model, bug)

@@ -151,6 +151,12 @@ def _check_counts(sides: List[Tuple[str, SideLog]], steps: int, record: str, wor
     elif world > 1 and ranks and ref == world * max(ranks):
         text += (f" The reference took {world} x the ranks' steps: its batch is 1/{world} of the ranks' global "
                  f"batch. Give the one-device loop the global batch (the ranks' batch size x {world}).")
+    elif world > 1 and len(set(ranks)) > 1:
+        took = ", ".join(f"{who.replace('fn on ', '')}: {n}" for who, n in counts.items() if who != sides[0][0])
+        text += (f" The ranks took different numbers of optimizer steps ({took}): an optimizer.step() taken on "
+                 "some ranks only (under a rank condition), or skipped on some (a GradScaler that found inf/NaN in "
+                 "one rank's gradients only). Fix: step the optimizer on every rank at every step, after the "
+                 "gradients are synchronised.")
     elif record == "log":
         text += (" Each loop must call log(model, loss) once per step, after backward and before "
                  "optimizer.step(), for exactly `steps` steps (it receives steps= as a keyword).")

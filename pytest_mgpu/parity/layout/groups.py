@@ -87,8 +87,14 @@ class Layout:
         return math.fsum(parts) / len(parts)
 
     def describe(self) -> str:
-        """How the ranks were judged, for the report ("" for plain data-parallel replicas)."""
+        """How the ranks were judged, for the report ("" for one rank)."""
         words = []
+        if not self.tensor_parallel and len(self.stages) == 1 and len(self.stages[0]) > 1:
+            ranks = self.stages[0]
+            consecutive = ranks == list(range(ranks[0], ranks[-1] + 1))
+            span = f"{ranks[0]}-{ranks[-1]}" if consecutive else ", ".join(map(str, ranks))
+            words.append(f"data-parallel replicas: ranks {span} each hold the whole model, judged as replicas of "
+                         "rank 0's, their rows together against the reference's batch")
         if self.pipeline:
             words.append(f"{len(self.stages)} pipeline stages (" + "; ".join(
                 f"ranks {', '.join(map(str, s))}" for s in self.stages) + "), each matched to its part of the model")
