@@ -127,6 +127,9 @@ class ParallelMLP(nn.Module):
         self.fc1, self.fc2 = nn.Module(), nn.Module()
         s = 0 if bug == "wrong_slice" else r
         self.fc1.weight, self.fc1.bias = _piece(full.fc1.weight, 0, s, w), _piece(full.fc1.bias, 0, s, w)
+        if bug == "strided_slice":  # every w-th row from the rank's index: not its block
+            self.fc1.weight = nn.Parameter(full.fc1.weight.detach()[r::w].clone())
+            self.fc1.bias = nn.Parameter(full.fc1.bias.detach()[r::w].clone())
         self.fc2.weight, self.fc2.bias = _piece(full.fc2.weight, 1, r, w), nn.Parameter(full.fc2.bias.detach().clone())
         self.bug = bug
 

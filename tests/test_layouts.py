@@ -4,6 +4,7 @@ Lightning Fabric loop, Megatron-style tensor parallelism by hand (found by shape
 ``shards=``); a bug in one shard fails naming its module; a layout that cannot be mapped fails
 saying so, with no cause. The name map itself is checked on plain names (no ranks)."""
 import functools
+import re
 
 import pytest
 import torch
@@ -81,6 +82,10 @@ def test_a_fused_qkv_needs_shards_and_passes_with_it(dist):
     assert second.startswith("Fix: ") and "shards=" in second and "likely cause" not in str(info.value)
     report = dist.assert_same_training(train, ref, steps=2, record="optimizer", shards={"qkv.*": L.unfuse_qkv})
     assert any("qkv.weight, qkv.bias: put together by shards=" in n for n in report.notes), report.notes
+    said = re.search(r"(shards=\{.*\}) puts them together", first)  # the message's own shards=, verbatim
+    assert said and "its part of each of 3 equal chunks" in first, first
+    kw = eval(f"dict({said.group(1)})", {"torch": torch})
+    assert dist.assert_same_training(train, ref, steps=2, record="optimizer", **kw).passed
 
 
 @world_sizes(2)
@@ -88,6 +93,8 @@ def test_a_fused_qkv_needs_shards_and_passes_with_it(dist):
     ("wrong_slice", "another slice of a weight sharded by hand", "1.fc1.weight"),
     ("no_backward_allreduce", "gradients not reduced across the tensor-parallel group", "only in 0"),
     ("reduce_twice", "sharded by hand are multiplied by the world size", "by 2x (= the world size 2)"),
+    ("strided_slice", "another slice of a weight sharded by hand", "rank 0 holds rows 0, 2, 4, ... of 1.fc1.weight "
+                      "(every 2nd row along dim 0), not its block 0-7"),
 ])
 def test_a_bug_in_one_shard_fails_naming_its_module(dist, bug, cause, module):
     with pytest.raises(ParityError) as info:

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ..record.recorder import SideLog, StepLog
 from .groups import Layout
 from .names import NameMap, name_map, rename
+from .rows import read_misread
 from .shards import Shards, Sharding, describe, find, gather, pieces_off, slice_held, stated, validate
 
 
@@ -34,6 +35,7 @@ class Mapped:
     mismatched: Dict[str, str] = field(default_factory=dict)  # name -> how its shapes differ, not put together
     sharded: Dict[str, str] = field(default_factory=dict)  # tensors put together from hand shards -> how
     pieces_off: Dict[str, List[int]] = field(default_factory=dict)  # name -> ranks whose starting piece is not their slice
+    misplaced: Dict[str, str] = field(default_factory=dict)  # name -> the reference's rows a rank holds, not its block
 
     @property
     def failed(self) -> bool:
@@ -70,7 +72,14 @@ class Mapped:
         fix = ("Fix: for a tensor sharded by hand, pass shards={'<name pattern>': <dim>} or a callable that puts the "
                "ranks' pieces together (a fused or interleaved layout); for names that differ, give both loops the "
                "same model class, or check that both optimizers step the same parameters")
-        return "not compared (no counterpart in the reference): " + "; ".join(parts) + f".\n{fix}"
+        head = "not compared (no counterpart in the reference): " + "; ".join(parts) + "."
+        if self.misplaced:
+            name, words = next(iter(self.misplaced.items()))
+            return (f"{head}\nlikely cause: a rank holds another slice of a weight sharded by hand than its own "
+                    f"({words}). Fix: slice each rank's block [rank * size:(rank + 1) * size] out of the full weight "
+                    "along the sharded dimension; if this layout is meant, pass shards={'<name pattern>': "
+                    "callable(pieces) -> the whole tensor}")
+        return f"{head}\n{fix}"
 
 
 def map_sides(ranks: List[SideLog], ref: SideLog, shards: Optional[Shards] = None) -> Mapped:
@@ -96,23 +105,26 @@ def map_sides(ranks: List[SideLog], ref: SideLog, shards: Optional[Shards] = Non
     starts = [side.steps[0].params for side in named]
     sharding = find(starts, ref.steps[0].params, spec)
     off = pieces_off(starts, ref.steps[0].params, sharding)
-    _misread(sharding, off, starts[0], ref.steps[0].params)
+    _misread(sharding, off, starts, ref.steps[0].params)
     mapped = _gathered(named, sharding) if sharding.rules else named
     held = {n for side in mapped for n in side.steps[0].params}
     missing = [n for n in ref.steps[0].params if n not in held] if not unmapped else []
     return Mapped(mapped, Layout.of(mapped), notes + describe(sharding), unmapped, missing, sharding.mismatched,
                   {n: "by shards=" if r.join else f"along dim {r.dim}" for n, r in sharding.rules.items()},
-                  {n: r for n, r in off.items() if n in sharding.rules})
+                  {n: r for n, r in off.items() if n in sharding.rules}, sharding.misplaced)
 
 
-def _misread(sharding: Sharding, off: Dict[str, List[int]], rank0: Dict[str, Any], ref: Dict[str, Any]) -> None:
+def _misread(sharding: Sharding, off: Dict[str, List[int]], starts: List[Dict[str, Any]], ref: Dict[str, Any]
+             ) -> None:
     """Tensors found by shape whose pieces, put together in rank order, are not the reference's
     starting weights on any rank, and whose rank-0 piece is no slice of it at all, while every whole
     tensor the ranks hold starts as the reference's: a layout shapes cannot tell (a fused qkv weight
     whose q, k, v slices interleave), so not a comparison that was made. They move to
-    ``mismatched``, asking for ``shards=``. (Pieces that are slices in the wrong places are a bug.)"""
+    ``mismatched``, asking for ``shards=``; where a piece's rows are the reference's rows in another
+    place than a fused layout puts them (every k-th row), in ``misplaced`` too: a slice taken otherwise."""
     import torch
 
+    rank0 = starts[0]
     every = [n for n, r in sharding.rules.items() if not r.stated and r.dim is not None
              and set(off.get(n, ())) >= {g[0] for g in sharding.groups[r.k]}
              and slice_held(rank0[n], ref[n], r.dim, r.k) is None]
@@ -124,9 +136,27 @@ def _misread(sharding: Sharding, off: Dict[str, List[int]], rank0: Dict[str, Any
         return  # the whole tensors start apart too: evidence of another start, judged as such
     for name in every:
         rule = sharding.rules.pop(name)
+        group = sharding.groups[rule.k][0]
+        held = read_misread(group, [starts[r].get(name) for r in group], ref[name], rule.dim or 0)
+        odd = next((h for h in held if h.kind != "fused"), None)
+        n = starts[0][name].shape[rule.dim]
+        if odd is not None:
+            i = group.index(odd.rank)
+            sharding.misplaced[name] = odd.words(name, (i * n, (i + 1) * n))
+            sharding.mismatched[name] = "its pieces are the reference's rows in other places than each rank's block"
+            continue
+        fused = f" ({held[0].words(name, (0, n))}; {_fused_join(name, held[0].chunks, rule.dim or 0)} puts them " \
+            "together)" if held and held[0].kind == "fused" else ""
         sharding.mismatched[name] = (f"its pieces put together along dim {rule.dim} in rank order are not the "
                                      "reference's starting weights, though every whole tensor starts as the "
-                                     "reference's: a fused or interleaved layout")
+                                     f"reference's: a fused or interleaved layout{fused}")
+
+
+def _fused_join(name: str, chunks: int, dim: int) -> str:
+    """The ``shards=`` entry that puts a fused layout's pieces together: each chunk's parts in rank order."""
+    d = f", {dim}" if dim else ""
+    return (f"shards={{'{name.rsplit('.', 1)[0]}.*': lambda pieces: torch.cat([torch.cat([p.chunk({chunks}{d})[j] "
+            f"for p in pieces]{d}) for j in range({chunks})]{d})}}")
 
 
 def _shape(t) -> Tuple[int, ...]:

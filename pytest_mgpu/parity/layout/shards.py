@@ -37,6 +37,7 @@ class Sharding:
     groups: Dict[int, List[List[int]]] = field(default_factory=dict)  # k -> its groups, in rank order
     notes: List[str] = field(default_factory=list)
     mismatched: Dict[str, str] = field(default_factory=dict)  # name -> "shape a on rank r, b in the reference"
+    misplaced: Dict[str, str] = field(default_factory=dict)  # name -> which rows a rank holds instead of its block
 
     def group_of(self, k: int, rank: int) -> List[int]:
         return next(g for g in self.groups[k] if rank in g)
