@@ -72,7 +72,9 @@ class Mapped:
         fix = ("Fix: for a tensor sharded by hand, pass shards={'<name pattern>': <dim>} or a callable that puts the "
                "ranks' pieces together (a fused or interleaved layout); for names that differ, give both loops the "
                "same model class, or check that both optimizers step the same parameters")
-        head = "not compared (no counterpart in the reference): " + "; ".join(parts) + "."
+        run = self.ranks[0].steps[0].where.get("forward", ()) if self.ranks and self.ranks[0].steps else ()
+        at = f" (the ranks' model runs forward at {run[0]})" if run else ""
+        head = "not compared (no counterpart in the reference): " + "; ".join(parts) + at + "."
         if self.misplaced:
             name, words = next(iter(self.misplaced.items()))
             return (f"{head}\nlikely cause: a rank holds another slice of a weight sharded by hand than its own "
