@@ -50,7 +50,7 @@ def test_replicas_that_differ_are_the_first_cause_by_their_phase(dist, family, b
 
 @world_sizes(2)
 @pytest.mark.parametrize("family, bug, cause", [
-    ("set1.moe_ep", "expert_grad_allreduced", "the experts' gradients are reduced over ranks that hold other experts"),
+    ("set1.moe_ep", "expert_grad_allreduced", "the experts' gradients are all-reduced over ranks that hold other experts"),
     ("set2.moe_top2", "capacity_global", "the expert-parallel layer routes or combines tokens otherwise"),
 ])
 def test_an_expert_parallel_bug_is_said_for_the_layout_found(dist, family, bug, cause):

@@ -270,7 +270,8 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "only (not the tensor-parallel one) what data parallelism shares", "With the same weights, some modules' "
           "gradients differ: an all_reduce missing, doubled, or over the wrong group in a backward of the parallel "
           "region.", lambda x, f: bool(f.hand_sharded)),
-    Cause("grads-modules", "the experts' gradients are reduced over ranks that hold other experts", "leave each "
+    Cause("grads-modules", "the experts' gradients are all-reduced over ranks that hold other experts (different "
+          "experts mixed)", "leave each "
           "expert's gradient to the rank that holds it (keep expert parameters out of the data-parallel all_reduce), "
           "scaled as the reference's", "Each rank holds its own experts: an all_reduce over their gradients mixes "
           "unrelated tensors.", lambda x, f: experts_only(x, f)),

@@ -94,6 +94,7 @@ def _partial(step: int, bad: List[TensorError], errs: List[TensorError], f: User
     """Some modules' gradients differ (with their own factor where they share one), or every one at
     the level a lower precision rounds at."""
     names = [e.name for e in bad]
+    total = max(len(errs), len(bad))  # a tensor whose reference gradient is zero has no ratio, but counts
     mods = modules_of(names)
     all_mods = modules_of([e.name for e in errs])
     ratios = [e.norm_ratio for e in bad if e.norm_ref > 0 and math.isfinite(e.norm_ratio) and not e.missing]
@@ -113,12 +114,12 @@ def _partial(step: int, bad: List[TensorError], errs: List[TensorError], f: User
         missing = [e.name for e in bad if e.missing]
         return Finding(step, "gradients", "some modules", "grads-modules",
                        f"at step {step}, with the same weights, only the gradients of {listed(mods)} differ from the "
-                       f"reference's ({len(bad)} of {len(errs)} tensors{by}; e.g. {worst.name} {worst.rel:.3g} rel"
+                       f"reference's ({len(bad)} of {total} tensors{by}; e.g. {worst.name} {worst.rel:.3g} rel"
                        + (f"; no gradient for {listed(missing)}" if missing else "") + ")",
                        value=k, names=tuple(mods))
     return Finding(step, "gradients", "all tensors", "grads-other",
                    f"at step {step}, with the same weights, the gradients differ from the reference's ({len(bad)} of "
-                   f"{len(errs)} tensors, e.g. {worst.name} {worst.rel:.3g} rel)")
+                   f"{total} tensors, e.g. {worst.name} {worst.rel:.3g} rel)")
 
 
 def _precision(bad: List[TensorError], f: UserFacts) -> str:
