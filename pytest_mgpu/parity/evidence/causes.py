@@ -238,6 +238,10 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("grads-tp-unreduced", "gradients not reduced across the tensor-parallel group", "put the module in "
           "parallelize_module's plan so its weight becomes a Replicate DTensor whose gradient is reduced, or "
           "all_reduce that gradient over the tp mesh's group before optimizer.step()"),
+    Cause("grads-sync-off", "the step's last backward ran with gradient synchronisation off (under no_sync() or "
+          "set_requires_gradient_sync(False)): its gradients are not reduced across ranks", "turn synchronisation off "
+          "only for the micro-batches before the last: no_sync() around all but the last backward, or "
+          "set_requires_gradient_sync(micro == last)"),
     Cause("grads-unsynced", "gradients of some modules are not synchronized between ranks", "all_reduce those "
           "modules' gradients too (and divide by the world size)", "They are left out of the gradient all-reduce.",
           lambda x, f: x.how == "some modules"),

@@ -1,8 +1,9 @@
 """How each side ran the step where the tensors first diverge, read as facts of the run: the mode of
 its training forward (``eval()`` left on after a validation pass), a forward under ``no_grad`` in
 training mode (a validation pass without ``eval()``: its dropout draws random numbers, its BatchNorm
-updates running statistics), and backward passes the ranks run at that step beyond their own count
-at the steps before (a validation loss backpropagated).
+updates running statistics), backward passes the ranks run at that step beyond their own count
+at the steps before (a validation loss backpropagated), and a last backward with gradient
+synchronisation off (``no_sync()`` or ``set_requires_gradient_sync(False)`` left on).
 
 Said only at the first step that diverges: the same fact at an earlier step that agreed shows it
 changed nothing there (validation on rank 0 alone, with nothing fed back into training)."""
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
+from ..record.sync import UNSYNCED_LAST
 from ..record.where import EVAL_FORWARD, TRAIN_NO_GRAD
 from .facts import UserFacts
 from .finding import Finding, Report
@@ -23,7 +25,8 @@ def findings(report: Report, f: UserFacts) -> List[Finding]:
         return []
     ranks: List[Where] = f.rank_where[step]
     ref: Where = f.ref_where[step] if step < len(f.ref_where) else {}
-    out = [_training_mode(step, ranks, ref), _validation_mode(step, ranks, ref), _extra_backward(step, f)]
+    out = [_training_mode(step, ranks, ref), _validation_mode(step, ranks, ref), _extra_backward(step, f),
+           _unsynced(step, ranks, f)]
     return [x for x in out if x is not None]
 
 
@@ -86,3 +89,14 @@ def _extra_backward(step: int, f: UserFacts) -> Optional[Finding]:
     return Finding(step, "loss", "a value" if len(more) == len(now) else "one rank alone", "backward-extra",
                    f"at step {step} {who} backpropagated {now[r]} losses, {before[r]} at step 0{where}; the "
                    f"reference {ref_now} and {ref_before}", names=() if len(more) == len(now) else (str(r),))
+
+
+def _unsynced(step: int, ranks: List[Where], f: UserFacts) -> Optional[Finding]:
+    """The step's last backward ran with gradient synchronisation off (``no_sync()``, FSDP2's
+    ``set_requires_gradient_sync(False)``): nothing reduced its gradients."""
+    who, alone = _who(ranks, UNSYNCED_LAST)
+    if not who or f.world_size < 2:
+        return None
+    return Finding(step, "gradients", "a value" if alone is None else "one rank alone", "grads-sync-off",
+                   f"at step {step} the last backward before optimizer.step ran with gradient synchronisation off "
+                   f"on {who}", names=() if alone is None else (str(alone),))

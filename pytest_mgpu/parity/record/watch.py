@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ...timing.structure.counter import quiet
 from ..gather import full_tensor
 from .fsdp1_flat import is_flat
+from .sync import UNSYNCED_LAST, ddp_sync_off, fsdp2_sync
 from .where import EVAL_FORWARD, TRAIN_NO_GRAD, add, merged, user_line
 
 
@@ -196,6 +197,9 @@ class Watch:
         self._inputs = Inputs()
         self._depth = 0
         self._left_gradients = False  # the last backward pass left some gradient nonzero
+        self.fsdp_sync = True  # FSDP2's set_requires_gradient_sync, as the loop last set it
+        self.ddp_unsynced = False  # the last outermost forward was a DDP's inside no_sync()
+        self._unsynced = ""  # the line of the step's last backward where it ran with gradient sync off
 
     # -- hooks ------------------------------------------------------------------------------
     def _pre(self, module, args, kwargs=None):
@@ -214,6 +218,7 @@ class Watch:
                 self.stateful.setdefault(id(module), module)  # a loss module with state (DINO's center)
             return None  # a loss module, a parameter-free wrapper call
         self.roots.setdefault(id(module), module)
+        self.ddp_unsynced = ddp_sync_off(module)
         for dev in ("cpu", "cuda"):
             if not self.autocast and torch.is_autocast_enabled(dev):
                 self.autocast = str(torch.get_autocast_dtype(dev)).replace("torch.", "")
@@ -249,6 +254,9 @@ class Watch:
     def take_inputs(self) -> Inputs:
         """The rows seen since the last step; starts the next step's."""
         got, self._inputs, self._depth = self._inputs, Inputs(), 0
+        if self._unsynced:
+            add(got.where, UNSYNCED_LAST, self._unsynced)
+            self._unsynced = ""
         if got.eval_rows and not got.rows:  # every forward of the step in eval mode: those are its inputs
             got.rows, got.eval_rows = got.eval_rows, []
         return got
@@ -268,7 +276,9 @@ class Watch:
             top = isinstance(t, torch.Tensor) and t.numel() == 1 and torch._C._current_autograd_node() is None \
                 and not pipeline_inference()
             if top:
-                add(watch._inputs.where, "backward", user_line())
+                line = user_line()
+                add(watch._inputs.where, "backward", line)
+                watch._unsynced = line if not watch.fsdp_sync or watch.ddp_unsynced else ""
                 watch.before_backward()
                 watch.saw_loss(t.detach(), sys._getframe(1).f_globals.get("__name__", ""))
             out = backward(tensors, *args, **kwargs)
@@ -300,7 +310,7 @@ class Watch:
                    (torch.nn.utils.clip_grad, "clip_grad_norm_", observed_clip)]
         if clip_with_norm is not None:  # the public two-part API (get_total_norm, then this)
             patches.append((torch.nn.utils, "clip_grads_with_norm_", observed_clip_with_norm))
-        patches += fsdp1_clip(watch) + scheduler_steps(watch) + scaler_calls(watch)
+        patches += fsdp1_clip(watch) + scheduler_steps(watch) + scaler_calls(watch) + fsdp2_sync(watch.saw_sync)
         saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
         for owner, name, patched in patches:
             setattr(owner, name, patched)
@@ -360,6 +370,9 @@ class Watch:
             self._inputs.scale = scale
         else:
             add(self._inputs.where, "scaler.unscale_", user_line())
+
+    def saw_sync(self, requires: bool) -> None:
+        self.fsdp_sync = requires
 
     def saw_schedule(self) -> None:
         add(self._inputs.where, "scheduler.step", user_line())
