@@ -93,7 +93,8 @@ class MoENet(nn.Module):
     def experts_run(self, buf: torch.Tensor) -> torch.Tensor:
         return self.experts(buf)
 
-    def group_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The loss of one routing group (``x``: its rows)."""
         h = torch.tanh(self.inp(x))
         n_tokens = x.shape[0] * (world() if self.bug == "capacity_global" else 1)
         idx, pos, wts, cap, aux = self.route(h, n_tokens)
@@ -160,7 +161,7 @@ def train(world_size: int, bug: str | None = None, variant: str | None = None) -
     for step in range(STEPS):
         x, y = global_batch(step, w)
         opt.zero_grad()
-        model.group_loss(x.chunk(w)[r], y.chunk(w)[r]).backward()
+        model(x.chunk(w)[r], y.chunk(w)[r]).backward()
         sync_grads(model, bug)
         opt.step()
 
@@ -173,6 +174,6 @@ def reference(world_size: int) -> None:
     for step in range(STEPS):
         x, y = global_batch(step, world_size)
         opt.zero_grad()
-        loss = sum(model.group_loss(xb, yb) for xb, yb in zip(x.chunk(world_size), y.chunk(world_size)))
+        loss = sum(model(xb, yb) for xb, yb in zip(x.chunk(world_size), y.chunk(world_size)))
         (loss / world_size).backward()
         opt.step()
