@@ -62,3 +62,17 @@ def test_an_expert_parallel_bug_is_said_for_the_layout_found(dist, family, bug, 
                                   steps=fam.STEPS, record="optimizer")
     line = str(info.value).splitlines()[1]
     assert line.startswith("likely cause: ") and cause in line, line
+
+
+@world_sizes(2)
+@pytest.mark.parametrize("family, bug", [("set1.fsdp2_accum", "sync_inverted"), ("set1.ddp_nosync", "nosync_all")])
+def test_a_last_backward_with_gradient_sync_off_is_named(dist, family, bug):
+    """FSDP2's set_requires_gradient_sync left off for the last micro-batch, and DDP's no_sync() around
+    every micro-batch's forward: the step's last backward reduced nothing, said as such at its line."""
+    fam = importlib.import_module(f"benchmarks.heldout.{family}")
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(functools.partial(fam.train, bug=bug), fam.reference, dist.world_size,
+                                  steps=fam.STEPS, record="optimizer")
+    line = str(info.value).splitlines()[1]
+    assert line.startswith("likely cause: the step's last backward ran with gradient synchronisation off"), line
+    assert f"at {family.split('.')[1]}.py:" in line, line
