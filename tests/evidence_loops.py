@@ -174,7 +174,8 @@ def logged_reference(log, world_size: int, steps: int = 3) -> None:
 def scheduled(world_size: int, bug: str = "", steps: int = 4, micro: int = 1, reference: bool = False) -> None:
     """SGD with weight decay and a StepLR schedule, hand-written data parallelism (``reference=True``: one
     device, the global batch). Bugs on the ranks: ``wd`` (weight decay 1e-4 relative off), ``sched_micro``
-    (the scheduler stepped after every micro-batch)."""
+    (the scheduler stepped after every micro-batch), ``sched_first`` (stepped before the optimizer),
+    ``sched_epoch`` (stepped per epoch: never within these steps)."""
     torch.manual_seed(0)
     net = Net()
     wd = 0.05 * (1 + 1e-4) if bug == "wd" and not reference else 0.05
@@ -189,8 +190,10 @@ def scheduled(world_size: int, bug: str = "", steps: int = 4, micro: int = 1, re
                 sched.step()  # the scheduler stepped per micro-batch
         if not reference:
             _average(net, world_size)
+        if bug == "sched_first" and not reference:
+            sched.step()  # the scheduler stepped before the optimizer
         opt.step()
-        if bug != "sched_micro" or reference:
+        if bug not in ("sched_micro", "sched_first", "sched_epoch") or reference:
             sched.step()
 
 

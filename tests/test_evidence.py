@@ -131,6 +131,20 @@ def test_a_schedule_stepped_per_micro_batch_is_judged_and_located(dist):
 
 
 @world_sizes(2)
+@pytest.mark.parametrize("bug, cause, rate", [
+    ("sched_first", "the learning rate schedule runs ahead of the reference's", "at step s + 1: their schedule runs 1 "
+                                                                                "step(s) ahead"),
+    ("sched_epoch", "the ranks' learning rate schedule never moves", "the ranks' lr stays 0.05 at every step"),
+])
+def test_a_schedule_off_by_a_step_or_never_stepped_is_said_with_its_rate(dist, bug, cause, rate):
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(P(L.scheduled, bug=bug, steps=4), P(L.scheduled, bug=bug, reference=True, steps=4),
+                                  dist.world_size, steps=4, record="optimizer")
+    line = str(info.value).splitlines()[1]
+    assert line.startswith(f"likely cause: {cause} (") and rate in line, line
+
+
+@world_sizes(2)
 def test_an_optimizer_option_that_differs_fails_on_its_own(dist):
     """Weight decay 1e-4 relative off moves no tensor past the line in 4 steps; the option alone fails
     the check, first line and cause, and optimizer_options= opts out."""

@@ -61,8 +61,14 @@ def families() -> tuple[str, ...]:
     return importlib.import_module(f"benchmarks.{PACKAGE}").FAMILIES
 
 
+# The location a cause line names (`at amp_skip.py:69 (scheduler.step)`, `at a.py:85 (backward) to :87
+# (optimizer.step)`, `at tp_mlp.py:109-115`): a file's name is no diagnosis, so the rubric does not read it.
+LOCATION = re.compile(r" at [\w.-]+\.py:[\d, :-]*\d( \([^)]*\))?( to [\w.-]*:\d+( \([^)]*\))?)?")
+
+
 def right(bug_id: str, cause: str | None) -> bool:
-    """The chosen set's rubric."""
+    """The chosen set's rubric, on the cause without the location it names."""
+    cause = LOCATION.sub("", cause) if cause else cause
     return importlib.import_module(f"benchmarks.{PACKAGE}.rubric").right(bug_id, cause)
 
 CAUGHT = ("ParityError", "StepCountError")

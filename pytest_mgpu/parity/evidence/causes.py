@@ -129,6 +129,17 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("lr-faster", "the learning rate differs", "step the scheduler once per optimizer step, and build it for the "
           "reference's number of steps", "The ranks' schedule runs faster: a scheduler stepped more than once per "
           "optimizer step, or built for fewer steps (another total_steps, step_size or warm-up)."),
+    Cause("lr-ahead", "the learning rate schedule runs ahead of the reference's", "call scheduler.step() after "
+          "optimizer.step(), and only on steps the optimizer took (scaler.step may skip one: step the scheduler when "
+          "scaler.get_scale() did not drop)", "The scheduler is stepped before the optimizer, once more at the start, "
+          "or on iterations whose optimizer step a GradScaler skipped."),
+    Cause("lr-slower", "the learning rate schedule runs at half the reference's rate", "build the scheduler for the "
+          "number of optimizer steps the ranks take (total_steps, num_training_steps from the per-rank loader length "
+          "and the accumulation), and step it once per optimizer step", "The schedule was built for twice the ranks' "
+          "steps (a length from another loader or batch), or is stepped every other update."),
+    Cause("lr-frozen", "the ranks' learning rate schedule never moves", "step the scheduler once per optimizer step "
+          "(scheduler.step(), or a per-update call such as timm's step_update(num_updates)), as the reference does",
+          "The scheduler is stepped per epoch, or not at all, where the reference steps it per update."),
     Cause("lr-schedule", "the learning rate differs", "step and restore the scheduler alike on both sides",
           "A scheduler stepped at another rate or point, created with other arguments, restarted, or not restored "
           "with a checkpoint (its state_dict saved and loaded beside the optimizer's)."),

@@ -36,7 +36,7 @@ def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Lay
     facts.untrained = [[side.steps[i].untrained for side in ranks] for i in range(steps)]
     facts.ref_untrained = [s.untrained for s in ref.steps]
     facts.carried = carried_over(ranks[0], ref) if ranks else ""
-    facts.rank_backwards = ranks[0].steps[0].backwards if ranks and ranks[0].steps else 1
+    facts.rank_backwards = max((side.steps[0].backwards for side in ranks if side.steps), default=1)
     facts.rank_step_backwards = [[side.steps[i].backwards for side in ranks] for i in range(steps)]
     facts.ref_step_backwards = [s.backwards for s in ref.steps]
     facts.rank_clips = [[_factors(side.steps[i]) for side in ranks] for i in range(steps)]

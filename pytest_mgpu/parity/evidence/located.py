@@ -18,7 +18,9 @@ from .finding import Finding
 # signal (or its prefix before "-") -> the call kinds that make it; "between" reads two
 BY_SIGNAL: Final[Dict[str, Tuple[str, ...]]] = {
     "lr-rank": ("scheduler.step",), "lr-faster": ("scheduler.step",), "lr-schedule": ("scheduler.step",),
-    "modes": (EVAL_FORWARD,), "mode": (TRAIN_NO_GRAD,), "grads-sync-off": (UNSYNCED_LAST,), "rows": ("forward",), "epoch-repeat": ("forward",), "data-restart": ("forward",),
+    "lr-ahead": ("scheduler.step",), "lr-slower": ("scheduler.step",), "lr-frozen": ("scheduler.step",),
+    "modes": (EVAL_FORWARD,), "mode": (TRAIN_NO_GRAD,), "grads-sync-off": (UNSYNCED_LAST,),
+    "rows": ("forward",), "epoch-repeat": ("forward",), "data-restart": ("forward",),
     "loss": ("backward",), "backward": ("backward",), "clip": ("clip_grad_norm_",),
     "grads-carried": ("backward",), "grads-zeroed-micro": ("backward",),
     "grads": ("backward", "optimizer.step"), "stage": ("backward",),

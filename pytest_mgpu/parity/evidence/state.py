@@ -122,15 +122,34 @@ def _schedule(f: UserFacts, first: int) -> Finding:
     what = f"at step {first} the ranks stepped with lr {mine[first]:.6g}, the reference with {ref[first]:.6g}"
     per_step = f"Ranks/reference lr per step: {shown}{', ...' if steps > 6 else ''}."
     ratios = {round(a / b, 6) for a, b in zip(mine, ref) if a is not None and b}
-    if len(ratios) == 1:
-        k = ratios.pop()
+    ahead = _ahead(mine, ref)
+    w = f.world_size
+    scaled = all(w > 1 and (abs(k * w - 1) < 0.02 or abs(k / w - 1) < 0.02) for k in ratios)
+    if len(ratios) == 1 and (scaled or not ahead):
+        k = ratios.pop()  # an exponential schedule one step ahead is a constant ratio too: a scaling unless ahead
         return Finding(first, "state", "a uniform factor", "lr-factor", what + f", {k:.4g}x at every step",
                        per_step, value=k)
     faster = _faster(mine, ref)
     if faster:
         return Finding(first, "state", "a value", "lr-faster",
                        what + f"; the ranks' lr at step s is the reference's at step {faster}s", per_step, value=faster)
+    if ahead:
+        return Finding(first, "state", "a value", "lr-ahead", what + f"; the ranks' lr at step s is the reference's "
+                       f"at step s + {ahead}: their schedule runs {ahead} step(s) ahead", per_step, value=ahead)
+    if _slower(mine, ref):
+        return Finding(first, "state", "a value", "lr-slower", what + "; the ranks' lr at step 2s is the reference's "
+                       "at step s: their schedule runs at half its rate", per_step, value=0.5)
+    known = [a for a in mine if a is not None]
+    if len(known) >= 3 and len(set(known)) == 1 and len({r for r in ref if r is not None}) > 1:
+        return Finding(first, "state", "a value", "lr-frozen", what + f"; the ranks' lr stays {known[0]:.6g} at every "
+                       "step while the reference's schedule moves", per_step)
     return Finding(first, "state", "a value", "lr-schedule", what, per_step)
+
+
+def _matches(mine: List[Optional[float]], ref: List[Optional[float]], index) -> bool:
+    """The ranks' lr at every step s is the reference's at step ``index(s)`` (at least two such steps)."""
+    pairs = [(a, ref[index(s)]) for s, a in enumerate(mine) if 0 <= index(s) < len(ref) and a is not None]
+    return len(pairs) >= 2 and all(r is not None and not _differs(a, r, SAME_LR) for a, r in pairs)
 
 
 def _faster(mine: List[Optional[float]], ref: List[Optional[float]]) -> int:
@@ -138,12 +157,21 @@ def _faster(mine: List[Optional[float]], ref: List[Optional[float]]) -> int:
     known = [r for r in ref if r is not None]
     if len(set(known)) < 2:
         return 0
-    for k in (2, 3, 4, 8):
-        for b in range(k + 1):
-            pairs = [(a, ref[k * s + b]) for s, a in enumerate(mine) if k * s + b < len(ref) and a is not None]
-            if len(pairs) >= 2 and all(r is not None and not _differs(a, r, SAME_LR) for a, r in pairs):
-                return k
-    return 0
+    return next((k for k in (2, 3, 4, 8) for b in range(k + 1) if _matches(mine, ref, lambda s: k * s + b)), 0)
+
+
+def _ahead(mine: List[Optional[float]], ref: List[Optional[float]]) -> int:
+    """b >= 1 where the ranks' lr at every step s is the reference's at step s + b (a scheduler stepped
+    before the optimizer, or on steps the optimizer skipped)."""
+    if len({r for r in ref if r is not None}) < 2:
+        return 0
+    return next((b for b in range(1, len(ref) - 1) if _matches(mine, ref, lambda s: s + b)), 0)
+
+
+def _slower(mine: List[Optional[float]], ref: List[Optional[float]]) -> bool:
+    """The ranks' lr at step s is the reference's at step s // 2 (and not constant): half the rate."""
+    known = [a for a in mine if a is not None]
+    return len(set(known)) > 1 and _matches(mine, ref, lambda s: s // 2)
 
 
 def _hyper(f: UserFacts) -> Optional[Finding]:
