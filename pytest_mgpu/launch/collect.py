@@ -11,12 +11,12 @@ import pickle
 import time
 import traceback
 from dataclasses import dataclass, field
-from multiprocessing.connection import wait
 from typing import Dict, List, Optional, Sequence
 
 from .attribution import attribute, is_communication_error, returned_early
 from .desync import Trace, first_disagreement
 from .errors import ProblemKind, RankFailure, RankProblem, describe_exit, timeout_hint, unfinished_summary
+from .poller import RankPoller
 from .protocol import RankOutcome, safe_str
 from .unfinished import CpuWatch, Verdict, classify, collective_name, cpu_words, read, request_dumps
 
@@ -94,8 +94,7 @@ class _Waiter:
         self.t0 = time.monotonic()
         own = limit.seconds if started else max(START_LIMIT_S, limit.seconds)
         self.limit_at = self.t0 + own
-        self.by_conn = {id(c): r for r, c in enumerate(conns)}
-        self.by_sentinel = {p.sentinel: r for r, p in enumerate(procs)}
+        self.poller = RankPoller(conns, procs)
         self.cpu = CpuWatch([p.pid for p in procs])
         self.traces: Dict[int, Trace] = {}  # what is known of each rank's collectives in this call
         self.behind: set = set()  # ranks whose absence from a collective is explained (slow, raised, died)
@@ -154,15 +153,12 @@ class _Waiter:
             self.cpu.poll(now, self.deadline(), self.pending)  # once, in the window before the limit
             if now >= self.deadline():
                 break
-            waitables = [self.conns[r] for r in self.pending] + [self.procs[r].sentinel for r in self.pending]
             until = min(self.cpu.due(self.deadline()), self.deadline(), now + SIGNAL_POLL_S)
-            ready = wait(waitables, timeout=until - now)
-            found = {self.by_conn.get(id(o), self.by_sentinel.get(o)) for o in ready}
-            for rank in sorted(k for k in found if k is not None):
+            ready = self.poller.ready(self.pending, until - now)
+            for rank in sorted({r for r, _ in ready}):
                 self.drain(rank)
-            for obj in ready:
-                r = self.by_sentinel.get(obj)
-                if r is not None and r in self.pending:
+            for r, died in ready:
+                if died and r in self.pending:
                     self.drain(r)
                     if r in self.pending:
                         self.procs[r].join(1.0)

@@ -38,6 +38,7 @@ class _Pool:
     logdir: str
     calls: int = 0
     rejoin: bool = False
+    sys_path: Optional[list] = None  # as last sent to the ranks: sent again only when it changed
 
 
 class PoolLauncher:
@@ -73,12 +74,15 @@ class PoolLauncher:
         pool.calls += 1
         log_paths = [os.path.join(pool.logdir, f"call{n}-rank{r}.log") for r in range(spec.nprocs)]
         rejoin = self._store.new_rendezvous().prefix if pool.rejoin else None
+        threads = threads_per_rank(spec.nprocs)
+        sys_path = [] if pool.sys_path == sys.path else list(sys.path)  # []: the ranks keep the last one
+        pool.sys_path = list(sys.path)
         try:
             for r, conn in enumerate(pool.conns):
                 call = PoolCall(
                     fn=fn, payload=payload, seed=spec.seed, per_rank_seed=spec.per_rank_seed,
-                    threads=threads_per_rank(spec.nprocs), log_path=log_paths[r], env=dict(spec.env),
-                    sys_path=list(sys.path), rejoin_prefix=rejoin, devices=rank_devices(spec, r)[0],
+                    threads=threads, log_path=log_paths[r], env=dict(spec.env),
+                    sys_path=sys_path, rejoin_prefix=rejoin, devices=rank_devices(spec, r)[0],
                 )
                 try:
                     conn.send_bytes(pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL))
