@@ -65,7 +65,9 @@ class Collected:
     collectives: str = ""  # the first collective the ranks disagree on
 
     def logs(self, log_paths: Sequence[str]) -> List[str]:
-        return [read(path)[: self.cuts.get(r)] for r, path in enumerate(log_paths)]
+        """The ranks' output; a log its rank reported empty is not read."""
+        return ["" if getattr(self.outcomes.get(r), "log_size", None) == 0 else read(path)[: self.cuts.get(r)]
+                for r, path in enumerate(log_paths)]
 
     @property
     def ranks_intact(self) -> bool:
@@ -134,11 +136,12 @@ class _Waiter:
         self.got.problems.append(problem)
         self.pending.discard(problem.rank)
 
-    def drain(self, r: int) -> None:
+    def drain(self, r: int, readable: bool = False) -> None:
         """Read what rank ``r`` sent: results before exits, as a rank that reported and then exited
-        has not died."""
+        has not died. ``readable``: its pipe was just reported readable (not asked again)."""
         conn = self.conns[r]
-        while r in self.pending and conn.poll():
+        while r in self.pending and (readable or conn.poll()):
+            readable = False
             try:
                 outcome = recv(conn)
             except RankReportError as exc:
@@ -155,8 +158,9 @@ class _Waiter:
                 break
             until = min(self.cpu.due(self.deadline()), self.deadline(), now + SIGNAL_POLL_S)
             ready = self.poller.ready(self.pending, until - now)
+            piped = {r for r, died in ready if not died}
             for rank in sorted({r for r, _ in ready}):
-                self.drain(rank)
+                self.drain(rank, readable=rank in piped)
             for r, died in ready:
                 if died and r in self.pending:
                     self.drain(r)

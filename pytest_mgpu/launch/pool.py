@@ -15,12 +15,11 @@ import sys
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 from .base import LaunchResult, LaunchSpec
 from .collect import collect
 from .errors import RankFailure
-from .flight import EVIDENCE_SUFFIX
 from .processes import kill_tree
 from .protocol import FnRef
 from .rendezvous import StoreServer
@@ -39,6 +38,11 @@ class _Pool:
     calls: int = 0
     rejoin: bool = False
     sys_path: Optional[list] = None  # as last sent to the ranks: sent again only when it changed
+
+    @property
+    def call_logs(self) -> List[str]:
+        """Each rank's output file for its calls, emptied by the rank as a call starts."""
+        return [os.path.join(self.logdir, f"calls-rank{r}.log") for r in range(len(self.procs))]
 
 
 class PoolLauncher:
@@ -70,9 +74,8 @@ class PoolLauncher:
             pool = self._start(spec, key)
             t0 = time.perf_counter()  # starting the pool is not the call's work, nor its overhead
         self._pools.move_to_end(key)
-        n = pool.calls
         pool.calls += 1
-        log_paths = [os.path.join(pool.logdir, f"call{n}-rank{r}.log") for r in range(spec.nprocs)]
+        log_paths = pool.call_logs
         rejoin = self._store.new_rendezvous().prefix if pool.rejoin else None
         threads = threads_per_rank(spec.nprocs)
         sys_path = [] if pool.sys_path == sys.path else list(sys.path)  # []: the ranks keep the last one
@@ -90,21 +93,18 @@ class PoolLauncher:
                     pass  # the rank is gone: collect() reports how it died
             got = collect(pool.procs, pool.conns, log_paths, spec.limit(), started=True)
             pool.rejoin = any(o.dirty for o in got.outcomes.values())
-            if got.problems and not got.ranks_intact:
-                self._discard(key)
-            got.raise_if_failed(spec.describe(), log_paths)
+            try:
+                got.raise_if_failed(spec.describe(), log_paths)  # reads the logs: before a discard removes them
+            except RankFailure:
+                if not got.ranks_intact:
+                    self._discard(key)
+                raise  # a pool whose ranks are all fine (only a value was unreadable) serves the next test
             return LaunchResult.of(got, log_paths, t0)
         except RankFailure:
-            raise  # decided above: a pool whose ranks are all fine serves the next test
+            raise
         except BaseException:
             self._discard(key)  # Ctrl-C, pytest-timeout: never reuse a pool in doubt
             raise
-        finally:
-            for path in log_paths + [p + EVIDENCE_SUFFIX for p in log_paths]:
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
 
     def prewarm(self, spec: LaunchSpec) -> None:
         """Start the warm ranks ``spec`` needs now (before an outer timer starts), if none are up. A

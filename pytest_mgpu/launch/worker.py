@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from . import flight
+from .call_log import CallLog
 from .fresh import Fresh
 from .protocol import FnRef, RankOutcome, RankTask
 from .hygiene import CallWatch
@@ -49,15 +50,6 @@ def _groups_changed(default_pg) -> bool:
         return c10d._get_default_group() is not default_pg or len(c10d._world.pg_map) != 1
     except Exception:
         return True
-
-
-def _redirect(log_path: str) -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
 
 
 def _release_memory(task: RankTask) -> None:
@@ -112,6 +104,7 @@ class _WarmState:
     watch: CallWatch
     coverage: RankCoverage  # measures each call under pytest --cov, saved after each (SIGKILL ends a pool)
     sys_path: List[str]  # the test process's, as last sent: every call starts from it
+    log: CallLog = field(default_factory=CallLog)
 
 
 def _one_call(task: RankTask, call: PoolCall, state: _WarmState, conn) -> None:
@@ -120,7 +113,7 @@ def _one_call(task: RankTask, call: PoolCall, state: _WarmState, conn) -> None:
     from torch.distributed import distributed_c10d as c10d
 
     flight.begin(call.log_path, task.backend)
-    _redirect(call.log_path)
+    state.log.start(call.log_path)
     state.fresh.restore()
     if call.sys_path:
         state.sys_path = call.sys_path
@@ -151,9 +144,8 @@ def _one_call(task: RankTask, call: PoolCall, state: _WarmState, conn) -> None:
         gc.collect()  # a DataLoader iterator the call dropped ends its workers itself
         outcome.notes = state.watch.finish(task.rank)
     state.coverage.pause()
+    outcome.log_size = state.log.size()  # flushed first: what the call printed is in the file now
     send_outcome(conn, outcome)
-    sys.stdout.flush()
-    sys.stderr.flush()
     if not outcome.ok:
         os._exit(1)  # peers may be stuck in a collective: the pool is rebuilt
     state.fresh.restore()
