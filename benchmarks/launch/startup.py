@@ -10,7 +10,7 @@ process and the ranks (the figure the machine's load moves least) and the load a
     python benchmarks/launch/startup.py                 # the tables (a few minutes on 2 cores)
     python benchmarks/launch/startup.py --tests 50 --slow-tests 5 --rss-tests 300
     python benchmarks/launch/startup.py --only recorder --recorder-budget 120
-    python benchmarks/launch/startup.py --only warmcall --calls 200 --rounds 3   # ~1 min
+    python benchmarks/launch/startup.py --only warmcall --calls 200 --rounds 3   # ~2 min
 
 Prints; asserts nothing. Run it on a quiet machine: other load shows up in every figure.
 """

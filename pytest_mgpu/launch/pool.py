@@ -80,15 +80,16 @@ class PoolLauncher:
         threads = threads_per_rank(spec.nprocs)
         sys_path = [] if pool.sys_path == sys.path else list(sys.path)  # []: the ranks keep the last one
         pool.sys_path = list(sys.path)
+        call = PoolCall(
+            fn=fn, payload=payload, seed=spec.seed, per_rank_seed=spec.per_rank_seed, threads=threads,
+            log_paths=log_paths, env=dict(spec.env), sys_path=sys_path, rejoin_prefix=rejoin,
+            devices=[rank_devices(spec, r)[0] for r in range(spec.nprocs)],
+        )
+        data = pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL)  # once: every rank gets the same bytes
         try:
-            for r, conn in enumerate(pool.conns):
-                call = PoolCall(
-                    fn=fn, payload=payload, seed=spec.seed, per_rank_seed=spec.per_rank_seed,
-                    threads=threads, log_path=log_paths[r], env=dict(spec.env),
-                    sys_path=sys_path, rejoin_prefix=rejoin, devices=rank_devices(spec, r)[0],
-                )
+            for conn in pool.conns:
                 try:
-                    conn.send_bytes(pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL))
+                    conn.send_bytes(data)
                 except OSError:
                     pass  # the rank is gone: collect() reports how it died
             got = collect(pool.procs, pool.conns, log_paths, spec.limit(), started=True)

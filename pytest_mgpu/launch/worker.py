@@ -23,20 +23,20 @@ from .rank_coverage import RankCoverage
 
 @dataclass
 class PoolCall:
-    """One call for a warm rank (sent by the pool launcher, one per rank)."""
+    """One call for the warm ranks: the same bytes go to every rank, which picks its own entries."""
 
     fn: FnRef
     payload: bytes
     seed: int
     per_rank_seed: bool
     threads: int
-    log_path: str
+    log_paths: List[str]  # per rank
     env: Dict[str, str] = field(default_factory=dict)
     sys_path: List[str] = field(default_factory=list)  # [] : the same as the call before
     rejoin_prefix: Optional[str] = None  # set when the last call changed the process groups
-    # this call's device indices: a pool serves every test of its shape, and on CPU ranks the
-    # number of devices a rank stands in for is the test's (run_single of a 2- or a 4-device test)
-    devices: Optional[Tuple[int, ...]] = None
+    # per rank, this call's device indices: a pool serves every test of its shape, and on CPU ranks
+    # the number of devices a rank stands in for is the test's (run_single of a 2- or a 4-device test)
+    devices: Optional[List[Tuple[int, ...]]] = None
 
 
 def _groups_changed(default_pg) -> bool:
@@ -112,8 +112,9 @@ def _one_call(task: RankTask, call: PoolCall, state: _WarmState, conn) -> None:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    flight.begin(call.log_path, task.backend)
-    state.log.start(call.log_path)
+    log_path = call.log_paths[task.rank]
+    flight.begin(log_path, task.backend)
+    state.log.start(log_path)
     state.fresh.restore()
     if call.sys_path:
         state.sys_path = call.sys_path
@@ -121,7 +122,7 @@ def _one_call(task: RankTask, call: PoolCall, state: _WarmState, conn) -> None:
         sys.path[:] = state.sys_path
     this = dataclasses.replace(
         task, fn=call.fn, payload=call.payload, seed=call.seed, per_rank_seed=call.per_rank_seed,
-        threads=call.threads, env=call.env, devices=task.devices if call.devices is None else call.devices,
+        threads=call.threads, env=call.env, devices=task.devices if call.devices is None else call.devices[task.rank],
     )
     t1 = time.perf_counter()
     try:
