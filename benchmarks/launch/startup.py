@@ -2,11 +2,15 @@
 fresh processes (--mgpu-isolate), a plain torch.multiprocessing.spawn per test, and PyTorch's own
 MultiProcessTestCase. Also the RSS of warm ranks after 10 and after N tests, and what the flight
 recorder (on in ranks unless TORCH_FR_BUFFER_SIZE is set) costs a warm call: sessions with it on and
-off alternate until a time budget is spent; the ratio of their median call times is printed.
+off alternate until a time budget is spent; the ratio of their median call times is printed. And what
+one warm call costs (``--only warmcall``): ``dist.run`` of one all_reduce, timed 200 times in a row
+after a first call, its median, p10 and p90 in milliseconds, with the CPU time each call cost the test
+process and the ranks (the figure the machine's load moves least) and the load average around it.
 
     python benchmarks/launch/startup.py                 # the tables (a few minutes on 2 cores)
     python benchmarks/launch/startup.py --tests 50 --slow-tests 5 --rss-tests 300
     python benchmarks/launch/startup.py --only recorder --recorder-budget 120
+    python benchmarks/launch/startup.py --only warmcall --calls 200 --rounds 3   # ~2 min
 
 Prints; asserts nothing. Run it on a quiet machine: other load shows up in every figure.
 """
@@ -123,6 +127,70 @@ if __name__ == "__main__":
 """
 
 
+WARMCALL_TEST = """
+import os, time, pytest, torch, torch.distributed as tdist
+
+def allreduce():
+    t = torch.ones(1)
+    tdist.all_reduce(t)
+    return t.item()
+
+def cpu_s():
+    t = os.times()
+    return t.user + t.system
+
+@pytest.mark.gpu{n}
+def test_warm_calls(dist):
+    dist.run(allreduce)  # starts the pool and imports this module in the ranks: not a warm call
+    ranks0, here0 = dist.run(cpu_s), cpu_s()
+    walls = []
+    for _ in range({calls}):
+        t0 = time.perf_counter()
+        dist.run(allreduce)
+        walls.append(time.perf_counter() - t0)
+    here, ranks = cpu_s() - here0, [b - a for a, b in zip(ranks0, dist.run(cpu_s))]
+    with open(os.environ["WARMCALL_OUT"], "w") as f:
+        f.write(" ".join(map(str, walls)) + "\\n" + f"{{here}} {{sum(ranks)}}\\n")
+"""
+
+
+def warm_calls(n: int, calls: int) -> tuple:
+    """One session: the wall seconds of ``calls`` warm calls, and the CPU seconds the test process and
+    the ranks (together) spent over them."""
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+        (d / "test_warmcall.py").write_text(WARMCALL_TEST.format(n=n, calls=calls))
+        env = {**os.environ, "WARMCALL_OUT": str(d / "calls.txt")}
+        run_pytest(d, "--mgpu-fallback=cpu", "-p", "no:randomly", env=env)
+        walls, cpu = (d / "calls.txt").read_text().split("\n")[:2]
+    here, ranks = map(float, cpu.split())
+    return [float(x) for x in walls.split()], here, ranks
+
+
+def load() -> float:
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
+
+
+def warmcall_table(sizes: list, calls: int, rounds: int) -> str:
+    """Per world size: median, p10, p90 of all rounds' warm calls (ms), and CPU ms per call."""
+    rows = []
+    for n in sizes:
+        walls, here, ranks, loads = [], 0.0, 0.0, [load()]
+        for _ in range(rounds):
+            w, h, r = warm_calls(n, calls)
+            walls += w
+            here, ranks = here + h, ranks + r
+            loads.append(load())
+        q = statistics.quantiles(walls, n=10)
+        per = 1000 / (rounds * calls)
+        rows.append([n, len(walls), f"{statistics.median(walls) * 1000:.2f}", f"{q[0] * 1000:.2f}",
+                     f"{q[-1] * 1000:.2f}", f"{here * per:.2f}", f"{ranks * per:.2f}",
+                     f"{min(loads):.1f}-{max(loads):.1f}"])
+    return tabulate(rows, headers=["world size", "calls", "median ms", "p10 ms", "p90 ms", "CPU ms/call test process",
+                                   "CPU ms/call ranks", "load"], tablefmt="github")
+
+
 def junit_times(xml: Path) -> list[float]:
     return [float(tc.get("time")) for tc in ET.parse(xml).getroot().iter("testcase")]
 
@@ -201,11 +269,16 @@ def main() -> None:
                     help="tests per world size for mp.spawn and MultiProcessTestCase (seconds each)")
     ap.add_argument("--rss-tests", type=int, default=300, help="tests in the warm-rank memory run (0: skip)")
     ap.add_argument("--sizes", default="2,4")
-    ap.add_argument("--only", choices=["startup", "recorder"], default=None)
+    ap.add_argument("--only", choices=["startup", "recorder", "warmcall"], default=None)
+    ap.add_argument("--calls", type=int, default=200, help="timed warm calls per session (--only warmcall)")
+    ap.add_argument("--rounds", type=int, default=3, help="sessions per world size (--only warmcall)")
     ap.add_argument("--recorder-budget", type=float, default=120.0,
                     help="seconds of alternating recorder on/off sessions (at least one round)")
     ap.add_argument("--recorder-tests", type=int, default=40, help="calls per collectives count per session")
     args = ap.parse_args()
+    if args.only == "warmcall":
+        print(warmcall_table([int(x) for x in args.sizes.split(",")], args.calls, args.rounds))
+        return
     if args.only != "recorder":
         startup_tables(args)
     if args.only != "startup":

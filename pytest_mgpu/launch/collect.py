@@ -11,12 +11,12 @@ import pickle
 import time
 import traceback
 from dataclasses import dataclass, field
-from multiprocessing.connection import wait
 from typing import Dict, List, Optional, Sequence
 
 from .attribution import attribute, is_communication_error, returned_early
 from .desync import Trace, first_disagreement
 from .errors import ProblemKind, RankFailure, RankProblem, describe_exit, timeout_hint, unfinished_summary
+from .poller import RankPoller
 from .protocol import RankOutcome, safe_str
 from .unfinished import CpuWatch, Verdict, classify, collective_name, cpu_words, read, request_dumps
 
@@ -65,7 +65,9 @@ class Collected:
     collectives: str = ""  # the first collective the ranks disagree on
 
     def logs(self, log_paths: Sequence[str]) -> List[str]:
-        return [read(path)[: self.cuts.get(r)] for r, path in enumerate(log_paths)]
+        """The ranks' output; a log its rank reported empty is not read."""
+        return ["" if getattr(self.outcomes.get(r), "log_size", None) == 0 else read(path)[: self.cuts.get(r)]
+                for r, path in enumerate(log_paths)]
 
     @property
     def ranks_intact(self) -> bool:
@@ -94,8 +96,7 @@ class _Waiter:
         self.t0 = time.monotonic()
         own = limit.seconds if started else max(START_LIMIT_S, limit.seconds)
         self.limit_at = self.t0 + own
-        self.by_conn = {id(c): r for r, c in enumerate(conns)}
-        self.by_sentinel = {p.sentinel: r for r, p in enumerate(procs)}
+        self.poller = RankPoller(conns, procs)
         self.cpu = CpuWatch([p.pid for p in procs])
         self.traces: Dict[int, Trace] = {}  # what is known of each rank's collectives in this call
         self.behind: set = set()  # ranks whose absence from a collective is explained (slow, raised, died)
@@ -135,11 +136,12 @@ class _Waiter:
         self.got.problems.append(problem)
         self.pending.discard(problem.rank)
 
-    def drain(self, r: int) -> None:
+    def drain(self, r: int, readable: bool = False) -> None:
         """Read what rank ``r`` sent: results before exits, as a rank that reported and then exited
-        has not died."""
+        has not died. ``readable``: its pipe was just reported readable (not asked again)."""
         conn = self.conns[r]
-        while r in self.pending and conn.poll():
+        while r in self.pending and (readable or conn.poll()):
+            readable = False
             try:
                 outcome = recv(conn)
             except RankReportError as exc:
@@ -154,15 +156,13 @@ class _Waiter:
             self.cpu.poll(now, self.deadline(), self.pending)  # once, in the window before the limit
             if now >= self.deadline():
                 break
-            waitables = [self.conns[r] for r in self.pending] + [self.procs[r].sentinel for r in self.pending]
             until = min(self.cpu.due(self.deadline()), self.deadline(), now + SIGNAL_POLL_S)
-            ready = wait(waitables, timeout=until - now)
-            found = {self.by_conn.get(id(o), self.by_sentinel.get(o)) for o in ready}
-            for rank in sorted(k for k in found if k is not None):
-                self.drain(rank)
-            for obj in ready:
-                r = self.by_sentinel.get(obj)
-                if r is not None and r in self.pending:
+            ready = self.poller.ready(self.pending, until - now)
+            piped = {r for r, died in ready if not died}
+            for rank in sorted({r for r, _ in ready}):
+                self.drain(rank, readable=rank in piped)
+            for r, died in ready:
+                if died and r in self.pending:
                     self.drain(r)
                     if r in self.pending:
                         self.procs[r].join(1.0)

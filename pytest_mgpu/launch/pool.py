@@ -15,12 +15,11 @@ import sys
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 from .base import LaunchResult, LaunchSpec
 from .collect import collect
 from .errors import RankFailure
-from .flight import EVIDENCE_SUFFIX
 from .processes import kill_tree
 from .protocol import FnRef
 from .rendezvous import StoreServer
@@ -38,6 +37,12 @@ class _Pool:
     logdir: str
     calls: int = 0
     rejoin: bool = False
+    sys_path: Optional[list] = None  # as last sent to the ranks: sent again only when it changed
+
+    @property
+    def call_logs(self) -> List[str]:
+        """Each rank's output file for its calls, emptied by the rank as a call starts."""
+        return [os.path.join(self.logdir, f"calls-rank{r}.log") for r in range(len(self.procs))]
 
 
 class PoolLauncher:
@@ -69,38 +74,38 @@ class PoolLauncher:
             pool = self._start(spec, key)
             t0 = time.perf_counter()  # starting the pool is not the call's work, nor its overhead
         self._pools.move_to_end(key)
-        n = pool.calls
         pool.calls += 1
-        log_paths = [os.path.join(pool.logdir, f"call{n}-rank{r}.log") for r in range(spec.nprocs)]
+        log_paths = pool.call_logs
         rejoin = self._store.new_rendezvous().prefix if pool.rejoin else None
+        threads = threads_per_rank(spec.nprocs)
+        sys_path = [] if pool.sys_path == sys.path else list(sys.path)  # []: the ranks keep the last one
+        pool.sys_path = list(sys.path)
+        call = PoolCall(
+            fn=fn, payload=payload, seed=spec.seed, per_rank_seed=spec.per_rank_seed, threads=threads,
+            log_paths=log_paths, env=dict(spec.env), sys_path=sys_path, rejoin_prefix=rejoin,
+            devices=[rank_devices(spec, r)[0] for r in range(spec.nprocs)],
+        )
+        data = pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL)  # once: every rank gets the same bytes
         try:
-            for r, conn in enumerate(pool.conns):
-                call = PoolCall(
-                    fn=fn, payload=payload, seed=spec.seed, per_rank_seed=spec.per_rank_seed,
-                    threads=threads_per_rank(spec.nprocs), log_path=log_paths[r], env=dict(spec.env),
-                    sys_path=list(sys.path), rejoin_prefix=rejoin, devices=rank_devices(spec, r)[0],
-                )
+            for conn in pool.conns:
                 try:
-                    conn.send_bytes(pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL))
+                    conn.send_bytes(data)
                 except OSError:
                     pass  # the rank is gone: collect() reports how it died
             got = collect(pool.procs, pool.conns, log_paths, spec.limit(), started=True)
             pool.rejoin = any(o.dirty for o in got.outcomes.values())
-            if got.problems and not got.ranks_intact:
-                self._discard(key)
-            got.raise_if_failed(spec.describe(), log_paths)
+            try:
+                got.raise_if_failed(spec.describe(), log_paths)  # reads the logs: before a discard removes them
+            except RankFailure:
+                if not got.ranks_intact:
+                    self._discard(key)
+                raise  # a pool whose ranks are all fine (only a value was unreadable) serves the next test
             return LaunchResult.of(got, log_paths, t0)
         except RankFailure:
-            raise  # decided above: a pool whose ranks are all fine serves the next test
+            raise
         except BaseException:
             self._discard(key)  # Ctrl-C, pytest-timeout: never reuse a pool in doubt
             raise
-        finally:
-            for path in log_paths + [p + EVIDENCE_SUFFIX for p in log_paths]:
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
 
     def prewarm(self, spec: LaunchSpec) -> None:
         """Start the warm ranks ``spec`` needs now (before an outer timer starts), if none are up. A

@@ -106,9 +106,24 @@ def kill_tree(pid: int) -> None:
     _kill(pid)
 
 
+def has_children() -> bool:
+    """Whether this process has a child, live or a zombie (one system call, ~1 us). A process with
+    no child has no descendant either: orphans below a subreaper are re-parented to it."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    except (AttributeError, OSError):  # no waitid (not Linux): ask /proc
+        return True
+    return True
+
+
 def end_descendants() -> List[str]:
     """End every process below this one and reap those that are our children; return their
-    command lines (what the test left running)."""
+    command lines (what the test left running). Reading /proc's parent links costs ~2-5 ms on a
+    machine running ~100 processes, so a process without children is answered at once."""
+    if not has_children():
+        return []
     me = os.getpid()
     left = descendants(me)
     names = [command_line(p) for p in left]

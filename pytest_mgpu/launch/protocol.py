@@ -182,3 +182,4 @@ class RankOutcome:
     dirty: bool = False  # (warm ranks) the call changed the process groups: rejoin before the next
     collectives: Optional[list] = None  # (raised) this call's collectives, from the flight recorder
     last_collectives: Dict[int, int] = field(default_factory=dict)  # (returned) per group: its last one
+    log_size: Optional[int] = None  # (warm ranks) bytes in its log after the call; None: unknown, read it

@@ -164,6 +164,10 @@ def request_dumps(procs, ranks, log_paths, evidence_only=()) -> Tuple[Dict[int, 
         path = log_paths[r]
         sizes[r] = os.path.getsize(path) if os.path.exists(path) else 0
         try:
+            os.unlink(path + EVIDENCE_SUFFIX)  # a warm rank's log path serves every call: none is stale
+        except OSError:
+            pass
+        try:
             os.kill(procs[r].pid, signal.SIGUSR1)
         except ProcessLookupError:
             pass

@@ -10,13 +10,11 @@ import pickle
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
-if TYPE_CHECKING:
-    import torch
-
-from ..compat import default_device
 from . import flight
+from .call_log import CallLog
+from .fresh import Fresh
 from .protocol import FnRef, RankOutcome, RankTask
 from .hygiene import CallWatch
 from .rank import detach, error_outcome, join_group, prepare_rank, run_call, send_outcome
@@ -25,112 +23,20 @@ from .rank_coverage import RankCoverage
 
 @dataclass
 class PoolCall:
-    """One call for a warm rank (sent by the pool launcher, one per rank)."""
+    """One call for the warm ranks: the same bytes go to every rank, which picks its own entries."""
 
     fn: FnRef
     payload: bytes
     seed: int
     per_rank_seed: bool
     threads: int
-    log_path: str
+    log_paths: List[str]  # per rank
     env: Dict[str, str] = field(default_factory=dict)
-    sys_path: List[str] = field(default_factory=list)
+    sys_path: List[str] = field(default_factory=list)  # [] : the same as the call before
     rejoin_prefix: Optional[str] = None  # set when the last call changed the process groups
-    # this call's device indices: a pool serves every test of its shape, and on CPU ranks the
-    # number of devices a rank stands in for is the test's (run_single of a 2- or a 4-device test)
-    devices: Optional[Tuple[int, ...]] = None
-
-
-@dataclass
-class Fresh:
-    """The process-wide state a fresh rank starts with, taken once after joining the group and put
-    back before every call, so no call sees what an earlier one left behind."""
-
-    env: Dict[str, str]
-    cwd: str
-    dtype: torch.dtype  # torch.set_default_dtype, and the dtype part of torch.set_default_tensor_type
-    device: object  # torch.set_default_device, and the device part of torch.set_default_tensor_type
-    grad: bool
-    deterministic: Tuple[bool, bool]
-    matmul_precision: str
-    anomaly: bool
-    flags: Dict[str, object]
-
-    _FLAGS = (
-        ("cudnn", "enabled"),
-        ("cudnn", "benchmark"),
-        ("cudnn", "deterministic"),
-        ("cudnn", "allow_tf32"),
-        ("cuda.matmul", "allow_tf32"),
-        ("cuda.matmul", "allow_fp16_reduced_precision_reduction"),
-        ("cuda.matmul", "allow_bf16_reduced_precision_reduction"),
-        ("mkldnn", "enabled"),
-    )
-
-    @classmethod
-    def take(cls) -> "Fresh":
-        import torch
-
-        flags = {}
-        for mod, name in cls._FLAGS:
-            try:
-                flags[f"{mod}.{name}"] = getattr(_backend(mod), name)
-            except (AttributeError, RuntimeError):
-                pass
-        return cls(
-            env=dict(os.environ),
-            cwd=os.getcwd(),
-            dtype=torch.get_default_dtype(),
-            device=default_device(),
-            grad=torch.is_grad_enabled(),
-            deterministic=(
-                torch.are_deterministic_algorithms_enabled(),
-                torch.is_deterministic_algorithms_warn_only_enabled(),
-            ),
-            matmul_precision=torch.get_float32_matmul_precision(),
-            anomaly=torch.is_anomaly_enabled(),
-            flags=flags,
-        )
-
-    def restore(self) -> None:
-        import torch
-
-        if os.environ != self.env:
-            os.environ.clear()
-            os.environ.update(self.env)
-        if os.getcwd() != self.cwd:
-            os.chdir(self.cwd)
-        # Set only what differs: some setters are not free (a cudnn flag loads cudnn, ~1 s).
-        if default_device() != self.device:  # compat: torch <= 2.9 raised after set_default_device(None)
-            torch.set_default_device(None)  # a fresh rank has no default-device mode
-        if torch.get_default_dtype() != self.dtype or torch.empty(0).dtype != self.dtype:
-            torch.set_default_dtype(self.dtype)
-        if torch.is_grad_enabled() != self.grad:
-            torch.set_grad_enabled(self.grad)
-        deterministic = (torch.are_deterministic_algorithms_enabled(),
-                         torch.is_deterministic_algorithms_warn_only_enabled())
-        if deterministic != self.deterministic:
-            torch.use_deterministic_algorithms(self.deterministic[0], warn_only=self.deterministic[1])
-        if torch.get_float32_matmul_precision() != self.matmul_precision:
-            torch.set_float32_matmul_precision(self.matmul_precision)
-        if torch.is_anomaly_enabled() != self.anomaly:
-            torch.autograd.set_detect_anomaly(self.anomaly)
-        for key, value in self.flags.items():
-            mod, name = key.rsplit(".", 1)
-            try:
-                if getattr(_backend(mod), name) != value:
-                    setattr(_backend(mod), name, value)
-            except (AttributeError, RuntimeError):
-                pass
-
-
-def _backend(mod: str):
-    import torch
-
-    obj = torch.backends
-    for part in mod.split("."):
-        obj = getattr(obj, part)
-    return obj
+    # per rank, this call's device indices: a pool serves every test of its shape, and on CPU ranks
+    # the number of devices a rank stands in for is the test's (run_single of a 2- or a 4-device test)
+    devices: Optional[List[Tuple[int, ...]]] = None
 
 
 def _groups_changed(default_pg) -> bool:
@@ -144,15 +50,6 @@ def _groups_changed(default_pg) -> bool:
         return c10d._get_default_group() is not default_pg or len(c10d._world.pg_map) != 1
     except Exception:
         return True
-
-
-def _redirect(log_path: str) -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
 
 
 def _release_memory(task: RankTask) -> None:
@@ -181,7 +78,8 @@ def worker_main(task: RankTask, conn) -> None:
     try:
         prepare_rank(task)
         store = join_group(task)
-        state = _WarmState(store, c10d._get_default_group(), Fresh.take(), CallWatch(), RankCoverage())
+        state = _WarmState(store, c10d._get_default_group(), Fresh.take(), CallWatch(), RankCoverage(),
+                           list(sys.path))
         gc.freeze()  # torch's own objects are permanent: per-call collections only see the test's
     except BaseException as exc:
         send_outcome(conn, error_outcome(task, exc, "init"))
@@ -205,6 +103,8 @@ class _WarmState:
     fresh: Fresh
     watch: CallWatch
     coverage: RankCoverage  # measures each call under pytest --cov, saved after each (SIGKILL ends a pool)
+    sys_path: List[str]  # the test process's, as last sent: every call starts from it
+    log: CallLog = field(default_factory=CallLog)
 
 
 def _one_call(task: RankTask, call: PoolCall, state: _WarmState, conn) -> None:
@@ -212,14 +112,17 @@ def _one_call(task: RankTask, call: PoolCall, state: _WarmState, conn) -> None:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    flight.begin(call.log_path, task.backend)
-    _redirect(call.log_path)
+    log_path = call.log_paths[task.rank]
+    flight.begin(log_path, task.backend)
+    state.log.start(log_path)
     state.fresh.restore()
-    if call.sys_path and sys.path != call.sys_path:
-        sys.path[:] = call.sys_path
+    if call.sys_path:
+        state.sys_path = call.sys_path
+    if sys.path != state.sys_path:
+        sys.path[:] = state.sys_path
     this = dataclasses.replace(
         task, fn=call.fn, payload=call.payload, seed=call.seed, per_rank_seed=call.per_rank_seed,
-        threads=call.threads, env=call.env, devices=task.devices if call.devices is None else call.devices,
+        threads=call.threads, env=call.env, devices=task.devices if call.devices is None else call.devices[task.rank],
     )
     t1 = time.perf_counter()
     try:
@@ -242,9 +145,8 @@ def _one_call(task: RankTask, call: PoolCall, state: _WarmState, conn) -> None:
         gc.collect()  # a DataLoader iterator the call dropped ends its workers itself
         outcome.notes = state.watch.finish(task.rank)
     state.coverage.pause()
+    outcome.log_size = state.log.size()  # flushed first: what the call printed is in the file now
     send_outcome(conn, outcome)
-    sys.stdout.flush()
-    sys.stderr.flush()
     if not outcome.ok:
         os._exit(1)  # peers may be stuck in a collective: the pool is rebuilt
     state.fresh.restore()
