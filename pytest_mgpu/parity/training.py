@@ -55,9 +55,11 @@ def assert_same_training(dist, fn, reference_fn, *args, steps: int = 3, record: 
     mine, theirs, said = side_keywords(kwargs, fn_kwargs, reference_kwargs)
     from ..spawn_mode import new_prefix
 
+    counted = getattr(dist, "structures", None) is not None  # a structure golden reads the ranks' collectives
+
     def job(f, what, reference=False):
         return LoopJob(Portable.of(f, what), args, theirs if reference else mine, steps, how, spawn,
-                       new_prefix() if spawn else "", reference)
+                       new_prefix() if spawn else "", reference, counted)
 
     ranks: List[SideResult] = dist.run(run_loop, job(fn, "fn"), timeout=timeout)  # names a CUDA-only call
     ref: SideResult = dist.run_single(run_loop, job(reference_fn, "reference_fn", True), timeout=timeout)
@@ -109,7 +111,10 @@ def side_keywords(shared: Dict[str, Any], fn_kwargs: Optional[Dict[str, Any]], r
 
 def keep_structure(dist, name: str, ranks: List[SideResult]) -> None:
     """The loop's collectives per rank and step, for the structure goldens (``timing.structure``);
-    none where a rank could not cut its steps (``record.counted``): never a partial one."""
+    none where a rank could not cut its steps (``record.counted``): never a partial one. The ranks
+    count only where ``dist.structures`` is a list: the test's calls are judged or recorded (a
+    counter sends every op of the loop through Python, as much as the loop's own time on a small
+    model)."""
     kept = getattr(dist, "structures", None)
     per_rank = {r: side.structure for r, side in enumerate(ranks) if side.structure is not None}
     if kept is None or len(per_rank) != len(ranks):

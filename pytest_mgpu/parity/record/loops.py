@@ -46,6 +46,7 @@ class LoopJob:
     spawn: bool = False  # an mp.spawn entry: fn(rank, *args) in the ranks, no group up
     prefix: str = ""  # the store prefix its own init_process_group joins (spawn=True)
     reference: bool = False  # the reference: also measure the floor
+    count: bool = True  # count the loop's collectives per step (a structure golden reads them)
 
 
 @dataclass
@@ -70,7 +71,7 @@ def run_loop(job: LoopJob) -> SideResult:
 
     ctx = rank_context()
     fn = job.fn.load()
-    counted = None if job.reference else LoopStructure(job.steps)
+    counted = LoopStructure(job.steps) if job.count and not job.reference else None
     with ieee_float32():
         side, notes = run_side(job, fn, ctx.rank, structure=counted)
         result = SideResult(side, notes, structure=counted.result() if counted is not None else None)
