@@ -30,6 +30,7 @@ from .layout.shards import Shards, validate
 from .record.loops import LoopJob, Record, SideResult, run_loop
 from .record.recorder import SideLog
 from .records import Portable
+from .threads import one_thread
 
 RECORDS = ("log", "optimizer")
 
@@ -69,22 +70,24 @@ def assert_same_training(dist, fn, reference_fn, *args, steps: int = 3, record: 
                   [(f"fn on rank {r}", side.side) for r, side in enumerate(ranks)], steps, how, dist.world_size)
     name = getattr(getattr(fn, "func", fn), "__name__", "fn")  # a functools.partial's function
     keep_structure(dist, name, ranks)
-    mapped = map_sides([side.side for side in ranks], ref.side, shards)
-    result = compare_sides(mapped, ref, name=name)
-    plan = getattr(dist, "plan", None)
-    where = plan.describe() if plan is not None else f"{dist.world_size} x {dist.device_type}"
-    report = judge(result, result.facts.strategy, dist.world_size, where, rtol, atol, False)
-    report.keywords = said
-    report.notes += getattr(result.facts, "loop_notes", []) + ref.floor_notes
-    _normalised(report)
-    if mapped.failed:
-        raise ParityError(f"{report.describe()}: {mapped.failure()}\n" + report.format(), report)
-    vacuous = nothing_compared([("reference_fn", ref.side)] + [(f"fn on rank {r}", s.side) for r, s in enumerate(ranks)])
-    if vacuous:
-        raise ParityError(vacuous + ("" if report.passed else "\n\n" + report.failure_message()), report)
-    if not report.passed:
-        raise ParityError(report.failure_message(), report)
-    return report
+    with one_thread():  # the records are small: threads only wait for each other on a loaded machine
+        mapped = map_sides([side.side for side in ranks], ref.side, shards)
+        result = compare_sides(mapped, ref, name=name)
+        plan = getattr(dist, "plan", None)
+        where = plan.describe() if plan is not None else f"{dist.world_size} x {dist.device_type}"
+        report = judge(result, result.facts.strategy, dist.world_size, where, rtol, atol, False)
+        report.keywords = said
+        report.notes += getattr(result.facts, "loop_notes", []) + ref.floor_notes
+        _normalised(report)
+        if mapped.failed:
+            raise ParityError(f"{report.describe()}: {mapped.failure()}\n" + report.format(), report)
+        vacuous = nothing_compared([("reference_fn", ref.side)] +
+                                   [(f"fn on rank {r}", s.side) for r, s in enumerate(ranks)])
+        if vacuous:
+            raise ParityError(vacuous + ("" if report.passed else "\n\n" + report.failure_message()), report)
+        if not report.passed:
+            raise ParityError(report.failure_message(), report)
+        return report
 
 
 def side_keywords(shared: Dict[str, Any], fn_kwargs: Optional[Dict[str, Any]], reference_kwargs: Optional[Dict[str, Any]]
