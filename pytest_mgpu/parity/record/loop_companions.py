@@ -15,8 +15,9 @@ the model lets roundoff grow, step by step, over the whole run. The loops cannot
   so it runs where the shadow cannot (a pinned dtype, a model in bfloat16), in that precision.
   A loop with no convolution runs it as ``split_products``: the three matrix products' own kernels
   replaced while it runs, every other op untouched, the same halves to the bit; a dispatch mode sends
-  every op through Python (measured on the minGPT-like trainer, 20 steps: the twin cost 2.8x the bare
-  loop's CPU time as a mode, 1.4x as kernels). A convolution stops that run at once; the mode runs it.
+  every op through Python (measured on the minGPT-like trainer, 20 steps, in two sessions: the twin
+  cost 2.8-3.5x the bare loop's CPU time as a mode, 1.4-1.6x as kernels). A convolution stops that
+  run at once; the mode runs it.
 
 Measured (benchmarks/parity/parity_calibration.py --loops, 100 AdamW steps of a minGPT-like trainer, W=2
 and 4, 2 seeds): where the dtype is pinned, the derived rule (no companion) failed all 8 correct
