@@ -49,7 +49,8 @@ class Dist(Checks):
     timeout_source: str = "--mgpu-timeout"  # where timeout_s came from: a marker, the option, the ini
     deadline_source: str = ""  # what sets ``deadline``, e.g. "pytest-timeout's limit of 4s"
     measurements: List[Any] = field(default_factory=list)  # timing.measure.Measurement, in call order
-    structures: List[Any] = field(default_factory=list)  # timing.structure CallStructure: parity, same_training
+    # timing.structure CallStructure: parity, same_training; None where no golden judges or records them
+    structures: Optional[List[Any]] = field(default_factory=list)
     invocation_dir: str = ""  # where pytest started: anchors a relative coverage data file for ranks
 
     def __repr__(self) -> str:

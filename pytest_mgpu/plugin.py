@@ -178,6 +178,7 @@ def dist(request):
     except TimeoutError as exc:
         pytest.fail(str(exc), pytrace=False)
     timeout_s, timeout_source = _test_timeout(item, session)
+    structure = request.config.pluginmanager.get_plugin("mgpu-structure")
     handle = Dist(
         plan=plan,
         launcher=session.launcher_for(item.get_closest_marker(markers.ISOLATE) is not None),
@@ -189,6 +190,7 @@ def dist(request):
         deadline=item.stash.get(OUTER_TIMEOUT_KEY, None),
         deadline_source=item.stash.get(OUTER_SOURCE_KEY, ""),
         invocation_dir=str(request.config.invocation_params.dir),
+        structures=[] if structure is None or structure.records(item) else None,
     )
     try:
         yield handle

@@ -161,3 +161,43 @@ def test_goldens_of_every_kind_load():
         call = CallStructure.from_dict("c", {**raw, "kind": kind})
         assert call.kind == kind and call.to_dict()["kind"] == kind
     assert CallStructure.from_dict("c", raw).kind == "benchmark"
+
+
+MODES_SEEN = """
+import os, torch
+from pytest_mgpu import world_sizes
+
+def loop(log, steps=2, out=None):
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for step in range(steps):
+        opt.zero_grad()
+        loss = net(torch.ones(3, 4) * (step + 1)).square().mean()
+        loss.backward()
+        log(net, loss)
+        opt.step()
+    if out is not None:  # how many dispatch modes sat on the stack while the loop ran
+        with open(os.path.join(out, f"modes-{os.getpid()}"), "w") as f:
+            f.write(str(torch._C._len_torch_dispatch_stack()))
+
+@world_sizes(2)
+def test_it(dist):
+    dist.assert_same_training(loop, loop, fn_kwargs={"out": OUT})
+"""
+
+
+def test_the_ranks_count_collectives_only_where_a_golden_reads_them(pytester):
+    """A counter sends every op of the loop through Python: without a goldens file (nothing judged,
+    nothing recorded) the ranks run the loop with no dispatch mode on; recording, with one."""
+    seen = pytester.mkdir("seen")
+
+    def modes(*args):
+        for f in seen.iterdir():
+            f.unlink()
+        pytester.makepyfile(test_modes=f"OUT = {str(seen)!r}\n" + MODES_SEEN)
+        run(pytester, *args).assert_outcomes(passed=1)
+        return sorted(int(f.read_text()) for f in seen.iterdir())
+
+    assert modes() == [0, 0]
+    assert modes("--mgpu-save-structure") == [1, 1]

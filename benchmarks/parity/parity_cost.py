@@ -11,7 +11,10 @@ Prints the median seconds per call with and without, and the ratio. Asserts noth
 two loops once each (the distributed loop in the ranks, the one-device loop in one process, each
 stopped after the same N steps by a bare optimizer hook), alternately in one session. The ratio is
 what recording, the companions (float64 run or same-precision twin) and the judgement cost on top of
-the user's own training; the budget is 3x. ``--root /work/main`` runs the same log-mode cases
+the user's own training; the budget is 2x on every case (docs/design/parity-calibration.md, "What it
+costs", has the figures per case, which cases are still above it, and what each part costs; the
+``--repeat 5`` medians vary by 10-30% between sessions on a loaded machine). ``--root /work/main`` runs
+the same log-mode cases
 against another checkout (the figure before a change; record="optimizer" cases need this one):
 
     python benchmarks/parity/parity_cost.py --training --repeat 3

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Literal, Optional, Tuple
 from ..judge.distance import gap
 from ..precision import ieee_float32
 from .counted import LoopStructure
-from .loop_companions import LOW, float64_dispatch, split_sums
+from .loop_companions import LOW, float64_dispatch, split_products, split_sums
 from .recorder import Recorder, SideLog
 from ..records import Portable
 from .step_recorder import StepRecorder, StopTraining
@@ -46,6 +46,7 @@ class LoopJob:
     spawn: bool = False  # an mp.spawn entry: fn(rank, *args) in the ranks, no group up
     prefix: str = ""  # the store prefix its own init_process_group joins (spawn=True)
     reference: bool = False  # the reference: also measure the floor
+    count: bool = True  # count the loop's collectives per step (a structure golden reads them)
 
 
 @dataclass
@@ -70,7 +71,7 @@ def run_loop(job: LoopJob) -> SideResult:
 
     ctx = rank_context()
     fn = job.fn.load()
-    counted = None if job.reference else LoopStructure(job.steps)
+    counted = LoopStructure(job.steps) if job.count and not job.reference else None
     with ieee_float32():
         side, notes = run_side(job, fn, ctx.rank, structure=counted)
         result = SideResult(side, notes, structure=counted.result() if counted is not None else None)
@@ -141,11 +142,8 @@ def add_companions(result: SideResult, job: LoopJob, fn, seed: int) -> None:
     low = any(d in LOW for d in (side.autocast, side.dtype, side.loss_dtype))
     if result.shadow and not low and os.environ.get(COMPANIONS_ENV) != "both":
         return
-    from ...launch.rank import seed_everything
-
-    seed_everything(seed)
     try:
-        twin, _ = run_side(job, fn, 0, "twin/", split_sums())
+        twin = run_twin(job, fn, seed)
     except Exception as exc:  # noqa: BLE001 - no twin, say why
         result.floor_notes.append(f"no same-precision twin either ({type(exc).__name__}: {exc})")
         return
@@ -158,6 +156,24 @@ def add_companions(result: SideResult, job: LoopJob, fn, seed: int) -> None:
         result.floor_notes.append(
             f"the floor was measured in the loop's own precision ({side.autocast or side.dtype}) by a twin of the "
             "reference that sums every matrix product as two halves" + (", beside the float64 run" if result.shadow else ""))
+
+
+def run_twin(job: LoopJob, fn, seed: int) -> SideLog:
+    """The same-precision twin from the test's seed: as ``split_products`` (only the matrix products'
+    kernels replaced), or, where the loop convolves, as the ``split_sums`` dispatch mode, run again."""
+    from ...launch.rank import seed_everything
+
+    convolved: List[str] = []
+    seed_everything(seed)
+    try:
+        twin, _ = run_side(job, fn, 0, "twin/", split_products(convolved))
+    except Exception:
+        if not convolved:
+            raise
+    if convolved:  # raised in the loop's first convolution, whatever the loop did with it
+        seed_everything(seed)
+        twin, _ = run_side(job, fn, 0, "twin/", split_sums())
+    return twin
 
 
 def run_shadow(job: LoopJob, fn, seed: int, rank: int = 0) -> Tuple[Optional[SideLog], str]:

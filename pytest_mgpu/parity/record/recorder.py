@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from ...timing.structure.counter import quiet
-from ..gather import full_tensor
+from ..gather import full_tensor, full_tensors
 from ..layout.names import holders
 from .where import frozen
 
@@ -144,6 +144,15 @@ def full_copy(t):
     return t.detach().to("cpu", copy=True)
 
 
+def full_copies(ts: List[Any]) -> List[Any]:
+    """``[full_copy(t) for t in ts]``, the DTensors among them gathered together (``full_tensors``)."""
+    present = [i for i, t in enumerate(ts) if t is not None]
+    out: List[Any] = [None] * len(ts)
+    for i, whole in zip(present, full_tensors([ts[i] for i in present])):
+        out[i] = whole.detach().to("cpu", copy=True)
+    return out
+
+
 def fsdp1_full_params(model):
     """FSDP1 keeps flat shards: unshard them (with gradients) while we read. Looked up only if the
     user imported FSDP, so that plain loops do not pay for importing it."""
@@ -179,8 +188,9 @@ class Recorder:
             raise ValueError(f"log(model, loss): loss must be a scalar, got shape {tuple(loss_t.shape)}")
         with fsdp1_full_params(model):
             named = [(clean_name(n), p) for n, p in unwrap(model).named_parameters()]
-            grads = {n: full_copy(p.grad) for n, p in named}
-            params = {n: full_copy(p) for n, p in named}
+            copies = full_copies([p.grad for _, p in named] + [p for _, p in named])
+            grads = {n: copies[i] for i, (n, _) in enumerate(named)}
+            params = {n: copies[len(named) + i] for i, (n, _) in enumerate(named)}
         if not self.side.steps:
             describe(self.side, [("", model)], params)
             self.side.loss_dtype = dtype_name(loss_t.dtype)

@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ...timing.structure.counter import quiet
 from .mesh import tp_peers
-from .recorder import SideLog, StepLog, clean_name, describe, dtype_name, fsdp1_full_params, full_copy, unwrap
+from .recorder import SideLog, StepLog, clean_name, describe, dtype_name, fsdp1_full_params, full_copies, unwrap
 from .fsdp1_flat import expand, is_flat, units
 from .watch import Inputs, Watch, weights
 from .where import add, frozen, user_line
@@ -224,6 +224,7 @@ def read_full(named: List[Tuple[str, Any]], models: List[Tuple[str, Any]]) -> Tu
         if not flats:
             for _, root in models:
                 stack.enter_context(fsdp1_full_params(root))
+        plain: List[Tuple[str, Any]] = []
         for n, p in named:
             if id(p) in flats:
                 path, unit = flats[id(p)]
@@ -231,7 +232,11 @@ def read_full(named: List[Tuple[str, Any]], models: List[Tuple[str, Any]]) -> Tu
                 params.update(more)
                 grads.update(more_grads)
             else:
-                grads[n], params[n] = full_copy(p.grad), full_copy(p)
+                plain.append((n, p))
+                grads[n] = params[n] = None  # its place in the order, filled below
+        copies = full_copies([p.grad for _, p in plain] + [p for _, p in plain])  # DTensors gathered together
+        for i, (n, _) in enumerate(plain):
+            grads[n], params[n] = copies[i], copies[len(plain) + i]
     return params, grads
 
 

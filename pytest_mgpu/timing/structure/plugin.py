@@ -116,9 +116,14 @@ class StructurePlugin:
             pytest.fail("\n".join(v.message() for v in changed), pytrace=False)
         return result
 
+    def records(self, item) -> bool:
+        """Whether this test's calls are judged or recorded at all; where not, the ``dist`` fixture
+        keeps no structures and ``assert_same_training``'s ranks count no collectives."""
+        return self.active and self.settings.mode != "off" and wanted(item)
+
     def _verdicts(self, item, failed: bool = False) -> List[Verdict]:
         """The test's calls judged (or, recording, recorded), attached to its report."""
-        judged = self.active and self.settings.mode != "off" and not (failed and self.save) and wanted(item)
+        judged = self.records(item) and not (failed and self.save)
         calls = calls_of(item) if judged else []
         if not calls:
             return []
