@@ -199,16 +199,20 @@ def scheduled(world_size: int, bug: str = "", steps: int = 4, micro: int = 1, re
 
 def amp_scaled(world_size: int, bug: str = "", steps: int = 4, reference: bool = False) -> None:
     """A GradScaler (CPU, float32: its scale multiplies the loss) with clipping, hand-written data
-    parallelism (``reference=True``: one device, the global batch). Bug on the ranks: ``clip_scaled``
-    (clip_grad_norm_ before scaler.unscale_: the clip sees the scaled gradients)."""
+    parallelism (``reference=True``: one device, the global batch). Bugs on the ranks: ``clip_scaled``
+    (clip_grad_norm_ before scaler.unscale_: the clip sees the scaled gradients); ``overflow`` (a scale
+    that overflows float32: the reference's backs off and then steps, a new scaler every step never does)."""
     torch.manual_seed(0)
     net = Net()
     opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=0.9)
-    scaler = torch.amp.GradScaler("cpu")
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 127 if bug == "overflow" else 2.0 ** 16)
     for step in range(steps):
         x, y = batch(step) if reference else (t.chunk(world_size)[_rank()] for t in batch(step))
         opt.zero_grad()
-        scaler.scale(nn.functional.mse_loss(net(x), y)).backward()
+        if bug == "overflow" and not reference:
+            scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 127)  # a new scaler every step: never backs off
+        big = 1e6 if bug == "overflow" else 1.0  # on both sides: 2**127 times it overflows float32 for sure
+        scaler.scale(nn.functional.mse_loss(net(x), y) * big).backward()
         if not reference:
             _average(net, world_size)
         if bug == "clip_scaled" and not reference:

@@ -6,7 +6,7 @@ import functools
 
 import pytest
 
-from pytest_mgpu import ParityError, world_sizes
+from pytest_mgpu import ParityError, StepCountError, world_sizes
 from tests import evidence_loops as L
 
 P = functools.partial
@@ -142,6 +142,17 @@ def test_a_schedule_off_by_a_step_or_never_stepped_is_said_with_its_rate(dist, b
                                   dist.world_size, steps=4, record="optimizer")
     line = str(info.value).splitlines()[1]
     assert line.startswith(f"likely cause: {cause} (") and rate in line, line
+
+
+@world_sizes(2)
+def test_steps_a_grad_scaler_skipped_are_said_not_sent_to_the_data(dist):
+    with pytest.raises(StepCountError) as info:
+        dist.assert_same_training(P(L.amp_scaled, bug="overflow", steps=30),
+                                  P(L.amp_scaled, bug="overflow", reference=True, steps=30),
+                                  dist.world_size, steps=4, record="optimizer")
+    text = str(info.value)
+    assert "fn on rank 0's GradScaler skipped 30 step(s) (inf/NaN in the scaled gradients)" in text, text
+    assert "reference_fn (one process)'s GradScaler skipped" in text and "ran out of data" not in text, text
 
 
 @world_sizes(2)

@@ -159,6 +159,8 @@ def _check_counts(sides: List[Tuple[str, SideLog]], steps: int, record: str, wor
     elif world > 1 and ranks and ref == world * max(ranks):
         text += (f" The reference took {world} x the ranks' steps: its batch is 1/{world} of the ranks' global "
                  f"batch. Give the one-device loop the global batch (the ranks' batch size x {world}).")
+    elif _not_steps(sides, steps):
+        text += " " + _not_steps(sides, steps)
     elif world > 1 and len(set(ranks)) > 1:
         took = ", ".join(f"{who.replace('fn on ', '')}: {n}" for who, n in counts.items() if who != sides[0][0])
         text += (f" The ranks took different numbers of optimizer steps ({took}): an optimizer.step() taken on "
@@ -172,6 +174,24 @@ def _check_counts(sides: List[Tuple[str, SideLog]], steps: int, record: str, wor
         text += (" A side that ends before `steps` optimizer steps ran out of data or epochs: give it more, "
                  "or ask for fewer steps.")
     raise StepCountError(text)
+
+
+def _not_steps(sides: List[Tuple[str, SideLog]], steps: int) -> str:
+    """What the short sides did instead of stepping: GradScaler steps skipped (inf/NaN found in the scaled
+    gradients), optimizer steps that changed nothing (lr 0, no gradient); "" where neither."""
+    said: List[str] = []
+    if all(len(side.steps) >= steps or not (side.scaler_skips or side.uncounted) for _, side in sides):
+        return ""
+    for who, side in sides:
+        if side.scaler_skips:
+            said.append(f"{who}'s GradScaler skipped {side.scaler_skips} step(s) (inf/NaN in the scaled gradients)")
+        if side.uncounted:
+            said.append(f"{who} took {side.uncounted} optimizer.step() that changed nothing (every lr 0, or no "
+                        "gradient), not counted")
+    return ("; ".join(said) + ". A step skipped or empty there and taken by the other side is the divergence: "
+            "the scale must back off as the other side's does (one GradScaler for the whole run, scaler.unscale_ "
+            "before clipping), and the schedule must not reach lr 0 earlier (its length from the steps the ranks "
+            "take).")
 
 
 def _normalised(report: ParityReport) -> None:

@@ -115,6 +115,7 @@ class SideLog:
     recomputed: bool = False  # modules ran forward inside backward (activation checkpointing)
     sampler_passes: int = 0  # passes over a DistributedSampler seen (0: none used)
     uncounted: int = 0  # optimizer steps that changed nothing (lr 0, no gradient): not steps
+    scaler_skips: int = 0  # GradScaler.step calls that skipped the optimizer step (inf/NaN in the gradients)
     tp_peers: List[int] = field(default_factory=list)  # ranks that share this one's batch (TP/SP dims)
     holders: List[str] = field(default_factory=list)  # name prefixes of modules holding the whole model (wrappers)
 

@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ...timing.structure.counter import quiet
 from ..gather import full_tensor
 from .fsdp1_flat import is_flat
+from .scaler import scaler_calls
 from .sync import UNSYNCED_LAST, ddp_sync_off, fsdp2_sync
 from .where import EVAL_FORWARD, TRAIN_NO_GRAD, add, merged, user_line
 
@@ -157,31 +158,6 @@ def scheduler_steps(watch: "Watch") -> List[Tuple[Any, str, Any]]:
     return [(c, "step", observing(vars(c)["step"])) for c in classes]
 
 
-def scaler_calls(watch: "Watch") -> List[Tuple[Any, str, Any]]:
-    """The patches that note a ``torch.amp.GradScaler``'s scale (what ``scale(loss)`` multiplied by) and
-    the order of its ``unscale_`` against ``clip_grad_norm_`` (a clip before ``unscale_`` clips scaled
-    gradients), where torch has one."""
-    amp = sys.modules.get("torch.amp")
-    scaler = getattr(amp, "GradScaler", None)
-    if scaler is None:
-        return []
-    scale, unscale = scaler.scale, scaler.unscale_
-
-    def observed_scale(self, outputs):
-        out = scale(self, outputs)
-        if self.is_enabled() and getattr(self, "_scale", None) is not None:
-            with quiet():
-                watch.saw_scaler("scale", float(self._scale.reshape(-1)[0]))
-        return out
-
-    def observed_unscale(self, optimizer):
-        if self.is_enabled():
-            watch.saw_scaler("unscale_")
-        return unscale(self, optimizer)
-
-    return [(scaler, "scale", observed_scale), (scaler, "unscale_", observed_unscale)]
-
-
 class Watch:
     """Global hooks for the duration of one loop (``installed()``); what they saw is read by the
     recorders at each step (``take_inputs``, ``loss``) and once after (``roots``, ``set_epoch_calls``)."""
@@ -192,6 +168,7 @@ class Watch:
         self.loss = None  # the scalar last passed to torch.autograd.backward (detached)
         self.autocast = ""  # the autocast dtype an outermost forward ran under ("" if none)
         self.set_epoch_calls = 0  # DistributedSampler.set_epoch calls (the rows show a repeated order)
+        self.scaler_skips = 0  # GradScaler.step calls that skipped the optimizer step (inf/NaN found)
         self.recomputed = False  # a module ran forward inside backward (activation checkpointing)
         self.sampler_passes = 0  # passes over a DistributedSampler (0: the loop uses none)
         self._inputs = Inputs()

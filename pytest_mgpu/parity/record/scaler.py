@@ -1,0 +1,48 @@
+"""What a ``torch.amp.GradScaler`` did in a step (inside a rank): the scale ``scale(loss)`` multiplied
+by, the order of its ``unscale_`` against ``clip_grad_norm_`` (a clip before ``unscale_`` clips scaled
+gradients), and the steps it skipped (inf/NaN found in the scaled gradients: no optimizer step)."""
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any, List, Tuple
+
+from ...timing.structure.counter import quiet
+
+if TYPE_CHECKING:
+    from .watch import Watch
+
+
+def scaler_calls(watch: "Watch") -> List[Tuple[Any, str, Any]]:
+    """The patches that note a ``torch.amp.GradScaler``'s scale (what ``scale(loss)`` multiplied by) and
+    the order of its ``unscale_`` against ``clip_grad_norm_`` (a clip before ``unscale_`` clips scaled
+    gradients), where torch has one."""
+    amp = sys.modules.get("torch.amp")
+    scaler = getattr(amp, "GradScaler", None)
+    if scaler is None:
+        return []
+    scale, unscale = scaler.scale, scaler.unscale_
+
+    def observed_scale(self, outputs):
+        out = scale(self, outputs)
+        if self.is_enabled() and getattr(self, "_scale", None) is not None:
+            with quiet():
+                watch.saw_scaler("scale", float(self._scale.reshape(-1)[0]))
+        return out
+
+    def observed_unscale(self, optimizer):
+        if self.is_enabled():
+            watch.saw_scaler("unscale_")
+        return unscale(self, optimizer)
+
+    step = scaler.step
+
+    def observed_step(self, optimizer, *args, **kwargs):
+        out = step(self, optimizer, *args, **kwargs)
+        if self.is_enabled():
+            with quiet():
+                found = getattr(self, "_per_optimizer_states", {}).get(id(optimizer), {}).get("found_inf_per_device")
+                if found and sum(float(v.sum()) for v in found.values()):
+                    watch.scaler_skips += 1  # inf/NaN in the scaled gradients: no optimizer.step
+        return out
+
+    return [(scaler, "scale", observed_scale), (scaler, "unscale_", observed_unscale), (scaler, "step", observed_step)]
