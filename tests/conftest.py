@@ -1,10 +1,12 @@
 """Shared helpers for the plugin's own tests (pytester runs real pytest sessions)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -34,6 +36,18 @@ def processes_with_token(token: str) -> list[int]:
         if token.encode() in env and state != "Z":
             found.append(int(entry))
     return found
+
+
+def command_lines(pids: list[int]) -> dict[int, str]:
+    """Each process's command line, or "" for one that ended meanwhile."""
+    lines = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline") as f:
+                lines[pid] = f.read().replace("\0", " ")
+        except OSError:
+            lines[pid] = ""
+    return lines
 
 
 def wait_for_no_processes(token: str, timeout: float = 10.0) -> list[int]:
@@ -93,6 +107,44 @@ class Subpytest:
 
     def leftovers(self, timeout: float = 10.0) -> list[int]:
         return wait_for_no_processes(self.token, timeout)
+
+
+@dataclasses.dataclass
+class Ended:
+    """A pytest subprocess session that ended: its exit code, its output, and the processes carrying
+    its token right when it ended (before any wait for them to be reaped), with their command lines."""
+    rc: int
+    out: str
+    left: dict[int, str]
+
+
+def run_together(runs: list, timeout: float = 300) -> list[Ended]:
+    """Several pytest subprocess sessions at once, each ``(Subpytest, args)`` or ``(Subpytest, args,
+    env)``: their start-ups and waits (limits that must pass, ranks blocked on purpose) overlap instead
+    of adding up. Returns how each ended, in order; a session past ``timeout`` is killed and fails the
+    caller, naming it."""
+    procs = [run[0].popen(*run[1], **(run[2] if len(run) > 2 else {})) for run in runs]
+    ended: list = [None] * len(runs)
+
+    def wait(i: int) -> None:
+        try:
+            out, _ = procs[i].communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(procs[i].pid, signal.SIGKILL)
+            out, _ = procs[i].communicate()
+            ended[i] = AssertionError(f"pytest subprocess {' '.join(runs[i][1])} did not end within {timeout}s:\n{out}")
+            return
+        ended[i] = Ended(procs[i].returncode, out, command_lines(processes_with_token(runs[i][0].token)))
+
+    threads = [threading.Thread(target=wait, args=(i,), daemon=True) for i in range(len(runs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for e in ended:
+        if not isinstance(e, Ended):
+            raise e if isinstance(e, BaseException) else AssertionError("a pytest subprocess was not waited for")
+    return ended
 
 
 @pytest.fixture

@@ -1,14 +1,14 @@
 """Which rank is to blame, decided by evidence (launch/attribution.py), the same with warm ranks and
 with --mgpu-isolate; values and exceptions that cannot cross back are reported, never a death.
 
-Each mode runs the cases in one pytest subprocess; the tests read its report."""
+Each mode runs the cases in one pytest subprocess, both at once; the tests read their reports."""
 import os
 import re
 import signal
 
 import pytest
 
-from tests.conftest import Subpytest
+from tests.conftest import Subpytest, run_together
 
 CASES = """
 import ctypes, os, signal, pytest, torch, torch.distributed as tdist
@@ -86,20 +86,28 @@ class _Dir:
         self.path = path
 
 
-def _run(tmp_path_factory, *args):
-    sp = Subpytest(_Dir(tmp_path_factory.mktemp("attribution")))
-    (sp.pytester.path / "test_cases.py").write_text(CASES)
+MODES = {"warm": (), "isolate": ("--mgpu-isolate",)}
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    """Warm and fresh ranks, one session each, both at once."""
+    runs = []
+    for mode, extra in MODES.items():
+        sp = Subpytest(_Dir(tmp_path_factory.mktemp(f"attribution-{mode}")))
+        (sp.pytester.path / "test_cases.py").write_text(CASES)
+        runs.append((sp, ("--mgpu-fallback=cpu", "-p", "no:randomly", "-rA", *extra)))
     try:
-        rc, out = sp.run("--mgpu-fallback=cpu", "-p", "no:randomly", "-rA", *args, timeout=400)
+        return {mode: ended.out for mode, ended in zip(MODES, run_together(runs, timeout=400))}
     finally:
-        for p in sp.leftovers(timeout=10):
-            os.kill(p, signal.SIGKILL)
-    return out
+        for sp, _ in runs:
+            for p in sp.leftovers(timeout=10):
+                os.kill(p, signal.SIGKILL)
 
 
-@pytest.fixture(scope="module", params=["warm", "isolate"])
-def report(request, tmp_path_factory):
-    return request.param, _run(tmp_path_factory, *(["--mgpu-isolate"] if request.param == "isolate" else []))
+@pytest.fixture(params=list(MODES))
+def report(request, reports):
+    return request.param, reports[request.param]
 
 
 def section(out: str, test: str) -> str:
@@ -120,7 +128,7 @@ def test_dead_rank_is_the_cause_and_peers_are_consequences(report, how, signame)
     mode, out = report
     sec = section(out, f"test_die[{how}]")
     head = headline(sec)
-    assert head.endswith("rank(s) 0, 1, 2, 3; cause: rank(s) 0"), head  # rank order, one cause
+    assert head.endswith("rank(s) 0, 1, 2, 3; cause: rank(s) 0"), head  # rank order, one cause  # rank order, one cause
     died = re.search(r"rank 0 died: killed by " + signame + r".*", sec).group(0)
     assert "consequence" not in died
     for r in (1, 2, 3):  # each peer failed in the collective, or was stopped waiting in it

@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+from tests.conftest import Subpytest, processes_with_token
+
 FAILING = """
 import ctypes, os, signal, time, pytest, torch, torch.distributed as tdist
 
@@ -76,8 +78,6 @@ def failing_run(pytester_module):
 
 @pytest.fixture(scope="module")
 def pytester_module(request, tmp_path_factory):
-    from tests.conftest import Subpytest
-
     class _P:  # the module-scoped stand-in for pytester: a directory and makepyfile
         def __init__(self, path):
             self.path = path
@@ -171,48 +171,75 @@ def test_block(dist):
 """
 
 
-def _start_blocked(subpytest, *args):
-    flags = subpytest.pytester.path / "flags"
-    flags.mkdir()
-    subpytest.pytester.makepyfile(test_block=BLOCKED)
-    proc = subpytest.popen("--mgpu-fallback=cpu", *args, FLAGDIR=str(flags))
+STOPS = ["ctrl_c", "ctrl_c_thread", "sigkill"]
+
+
+@pytest.fixture(scope="module")
+def blocked(tmp_path_factory):
+    """One pytest per way of stopping it, all started at once (their start-ups overlap), each with 4
+    ranks blocked in a test; the tests below stop their own. Any left running at the end are killed."""
+    started = {}
+    try:
+        for stop in STOPS:
+            sp = Subpytest(_Dir(tmp_path_factory.mktemp(f"blocked-{stop}")))
+            flags = sp.pytester.path / "flags"
+            flags.mkdir()
+            (sp.pytester.path / "test_block.py").write_text(BLOCKED)
+            started[stop] = (sp, flags, sp.popen("--mgpu-fallback=cpu", FLAGDIR=str(flags)))
+        yield started
+    finally:
+        for sp, _, proc in started.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            for pid in processes_with_token(sp.token):
+                os.kill(pid, signal.SIGKILL)
+
+
+class _Dir:
+    def __init__(self, path):
+        self.path = path
+
+
+def _ready(blocked, stop: str) -> tuple:
+    """Its pytest once all 4 ranks are inside the test's function."""
+    sp, flags, proc = blocked[stop]
     end = time.monotonic() + 120
     while len(list(flags.iterdir())) < 4:
         assert proc.poll() is None, proc.stdout.read()
         assert time.monotonic() < end, "ranks did not start"
         time.sleep(0.05)
-    assert len(subpytest.leftovers(timeout=0)) >= 5  # pytest, forkserver, 4 ranks
-    return proc
+    assert len(sp.leftovers(timeout=0)) >= 5  # pytest, forkserver, 4 ranks
+    return sp, proc
 
 
-def test_ctrl_c_leaves_no_process(subpytest):
-    proc = _start_blocked(subpytest)
+def test_ctrl_c_leaves_no_process(blocked):
+    sp, proc = _ready(blocked, "ctrl_c")
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert "KeyboardInterrupt" in out
-    assert subpytest.leftovers() == []
+    assert sp.leftovers() == []
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc/<pid>/task to reach one thread")
-def test_ctrl_c_taken_by_another_thread_still_ends_the_run(subpytest):
+def test_ctrl_c_taken_by_another_thread_still_ends_the_run(blocked):
     """The kernel may hand a process's SIGINT to any thread that does not block it, here one of torch's
     (the TCPStore's): Python runs the handler in the main thread only after its wait returns. Found at
     load 8, where the run slept on to the call's 300 s limit; the waits are bounded now."""
-    proc = _start_blocked(subpytest)
+    sp, proc = _ready(blocked, "ctrl_c_thread")
     others = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid]
     assert others, "pytest has only its main thread: nothing to show"
     os.kill(others[-1], signal.SIGINT)  # kill() on a thread's id delivers to that thread first
     out, _ = proc.communicate(timeout=60)
     assert "KeyboardInterrupt" in out
-    assert subpytest.leftovers() == []
+    assert sp.leftovers() == []
 
 
-def test_killed_pytest_leaves_no_process(subpytest):
+def test_killed_pytest_leaves_no_process(blocked):
     """SIGKILL of pytest (as pytest-timeout's thread method or a CI runner would do) ends the ranks."""
-    proc = _start_blocked(subpytest)
+    sp, proc = _ready(blocked, "sigkill")
     proc.kill()
     proc.communicate(timeout=60)
-    assert subpytest.leftovers() == []
+    assert sp.leftovers() == []
 
 
 def test_pytest_timeout_cooperation(subpytest):

@@ -1,11 +1,14 @@
 """pytest --cov sees the lines that ``dist.run`` executes in ranks, warm and fresh, also when the call
 raises there; without coverage the ranks get nothing of it."""
+import os
 import re
+import signal
 import sys
 
 import pytest
 
 from pytest_mgpu.launch.rank_coverage import ENV, RankCoverage, measuring, ranks_env
+from tests.conftest import Subpytest, processes_with_token, run_together
 
 OPS = """
 def in_rank(x):
@@ -52,19 +55,43 @@ def _missing(output: str, path: str) -> set:
     return missing
 
 
-@pytest.mark.parametrize("ranks", [[], ["--mgpu-isolate"]], ids=["warm", "fresh"])
-def test_cov_reports_lines_run_in_ranks(pytester, ranks):
+MODES = {"warm": (), "fresh": ("--mgpu-isolate",)}
+
+
+class _Dir:
+    def __init__(self, path):
+        self.path = path
+
+
+@pytest.fixture(scope="module")
+def covered(tmp_path_factory):
+    """Warm and fresh ranks, one pytest --cov subprocess each (coverage starts before the plugin), both
+    at once. How each ended, and its folder."""
     pytest.importorskip("pytest_cov")
-    pytester.mkpydir("covpkg")
-    pytester.path.joinpath("covpkg", "ops.py").write_text(OPS)
-    pytester.makepyfile(test_cov=TEST)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--cov=covpkg", "--cov-report=term-missing",
-                                           "--mgpu-fallback=cpu", *ranks)
-    result.assert_outcomes(passed=2)
-    missing = _missing(result.stdout.str(), "covpkg/ops.py")
+    runs = []
+    for mode, extra in MODES.items():
+        sp = Subpytest(_Dir(tmp_path_factory.mktemp(f"cov-{mode}")))
+        (sp.pytester.path / "covpkg").mkdir()
+        (sp.pytester.path / "covpkg" / "__init__.py").write_text("")
+        (sp.pytester.path / "covpkg" / "ops.py").write_text(OPS)
+        (sp.pytester.path / "test_cov.py").write_text(TEST)
+        runs.append((sp, ("--cov=covpkg", "--cov-report=term-missing", "--mgpu-fallback=cpu", *extra)))
+    try:
+        return {mode: (ended, sp.pytester.path) for mode, ended, (sp, _) in zip(MODES, run_together(runs), runs)}
+    finally:
+        for sp, _ in runs:
+            for pid in processes_with_token(sp.token):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_cov_reports_lines_run_in_ranks(covered, mode):
+    ended, folder = covered[mode]
+    assert ended.rc == 0 and "2 passed" in ended.out, ended.out
+    missing = _missing(ended.out, "covpkg/ops.py")
     assert NEVER in missing
     assert not missing & RANK_ONLY, f"lines run in ranks reported missing: {sorted(missing & RANK_ONLY)}"
-    assert not list(pytester.path.glob(".coverage.*")), "the ranks' data files were not combined"
+    assert not list(folder.glob(".coverage.*")), "the ranks' data files were not combined"
 
 
 def test_nothing_reaches_ranks_when_nothing_measures(monkeypatch):

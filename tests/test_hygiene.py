@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.conftest import Subpytest
+from tests.conftest import Subpytest, processes_with_token
 
 CASES = """
 import os, subprocess, sys, threading, time, pytest, torch, torch.distributed as tdist
@@ -137,16 +137,41 @@ def test_children(dist):
 """
 
 
-@pytest.mark.parametrize("mode", ["warm", "isolate"])
-def test_no_rank_child_outlives_a_killed_pytest(subpytest, mode):
-    ready = subpytest.pytester.path / "ready"
-    subpytest.pytester.makepyfile(test_leak=LEAK.replace("READY", repr(str(ready))))
-    args = ["--mgpu-fallback=cpu", "-s"] + (["--mgpu-isolate"] if mode == "isolate" else [])
-    p = subpytest.popen(*args)
-    end = time.monotonic() + 180
-    while not ready.exists() and p.poll() is None and time.monotonic() < end:
-        time.sleep(0.1)
-    assert ready.exists(), p.communicate()[0] if p.poll() is not None else "the ranks never got ready"
-    os.kill(p.pid, signal.SIGKILL)  # pytest alone: its ranks and their children must end themselves
-    p.communicate()
-    assert subpytest.leftovers(timeout=10) == []
+MODES = {"warm": (), "isolate": ("--mgpu-isolate",)}
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory):
+    """Warm and fresh ranks, one pytest each, both at once: each is SIGKILLed once its ranks' children
+    run. What each left running afterwards (or why it never got ready)."""
+    started = {}
+    for mode, extra in MODES.items():
+        sp = Subpytest(_Dir(tmp_path_factory.mktemp(f"leak-{mode}")))
+        ready = sp.pytester.path / "ready"
+        (sp.pytester.path / "test_leak.py").write_text(LEAK.replace("READY", repr(str(ready))))
+        started[mode] = (sp, ready, sp.popen("--mgpu-fallback=cpu", "-s", *extra))
+    found = {}
+    try:
+        end = time.monotonic() + 180
+        for mode, (sp, ready, p) in started.items():
+            while not ready.exists() and p.poll() is None and time.monotonic() < end:
+                time.sleep(0.1)
+            if not ready.exists():
+                found[mode] = p.communicate()[0] if p.poll() is not None else "the ranks never got ready"
+                continue
+            os.kill(p.pid, signal.SIGKILL)  # pytest alone: its ranks and their children must end themselves
+            p.communicate()
+        for mode, (sp, ready, p) in started.items():
+            found.setdefault(mode, sp.leftovers(timeout=10))
+    finally:
+        for sp, _, p in started.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            for pid in processes_with_token(sp.token):
+                os.kill(pid, signal.SIGKILL)
+    return found
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_no_rank_child_outlives_a_killed_pytest(killed, mode):
+    assert killed[mode] == []

@@ -2,7 +2,7 @@
 dist.run does), a hang ended with nothing left running, the seed option, the session's table."""
 import pytest
 
-from tests.conftest import Subpytest, wait_for_no_processes
+from tests.conftest import Subpytest, run_together, wait_for_no_processes
 
 pytestmark = pytest.mark.simulate
 
@@ -66,27 +66,71 @@ def test_sim():
                                  "*per simulated rank: sent = bytes it sends*"])
 
 
-@pytest.mark.parametrize("how, args, said", [
-    ("marker", (), "within 2s (hung; the limit set by @pytest.mark.mgpu_timeout(2))"),
-    ("option", ("--mgpu-timeout=2",), "within 2s (hung; the limit set by --mgpu-timeout=2)"),
-    ("argument", ("--mgpu-timeout=300",), "within 2s (hung; the limit set by simulate(timeout=2))"),
-    ("pytest-timeout", ("--timeout=6",), "(hung; stopped before pytest-timeout's limit of 6s (--timeout / ini"),
+HANGS = """
+@pytest.mark.mgpu_timeout(2)
+def test_marker():
+    simulate(hang, world_size=512, rank=9)
+
+@pytest.mark.simulate
+def test_option():
+    simulate(hang, world_size=512, rank=9)
+
+@pytest.mark.simulate
+@pytest.mark.mgpu_timeout(300)
+def test_argument():
+    simulate(hang, world_size=512, rank=9, timeout=2)
+"""
+OUTER = """
+@pytest.mark.simulate
+def test_pytest_timeout():
+    simulate(hang, world_size=512, rank=9)
+"""
+
+
+class _Dir:
+    def __init__(self, path):
+        self.path = path
+
+
+@pytest.fixture(scope="module")
+def hangs(tmp_path_factory):
+    """Two sessions at once (their hangs wait side by side): the limits of pytest-mgpu, where a marker
+    (2 s) and a call's argument (2 s, under a marker of 300 s) each beat the option (3 s) that the
+    third test gets; and pytest-timeout's limit (6 s) with none of ours. Each session's output, and
+    the processes its token finds once it ended."""
+    runs = []
+    for name, tests, args in [("limits", HANGS, ("--mgpu-timeout=3",)), ("outer", OUTER, ("--timeout=6",))]:
+        sp = Subpytest(_Dir(tmp_path_factory.mktemp(name)))
+        (sp.pytester.path / f"test_{name}.py").write_text(FNS + tests)
+        runs.append((sp, ("-p", "no:randomly", "-rA", *args)))
+    done = run_together(runs, timeout=300)
+    return {name: (e.rc, e.out, wait_for_no_processes(sp.token))
+            for name, (sp, _), e in zip(["limits", "outer"], runs, done)}
+
+
+def section(out: str, test: str) -> str:
+    """One test's failure section of a ``-rA`` report."""
+    head = f"_ {test} _"
+    start = out.index(head)
+    nxt = out.find("\n___", start + len(head))
+    return out[start: nxt if nxt != -1 else len(out)]
+
+
+@pytest.mark.parametrize("session, test, said", [
+    ("limits", "marker", "within 2s (hung; the limit set by @pytest.mark.mgpu_timeout(2))"),
+    ("limits", "option", "within 3s (hung; the limit set by --mgpu-timeout=3)"),
+    ("limits", "argument", "within 2s (hung; the limit set by simulate(timeout=2))"),
+    ("outer", "pytest_timeout", "(hung; stopped before pytest-timeout's limit of 6s (--timeout / ini"),
 ])
-def test_a_hang_ends_at_the_limit_dist_run_would_get_with_nothing_left(pytester, how, args, said):
-    call = "simulate(hang, world_size=512, rank=9" + (", timeout=2)" if how == "argument" else ")")
-    marker = "@pytest.mark.mgpu_timeout(2)\n" if how == "marker" else "@pytest.mark.simulate\n"
-    pytester.makepyfile(FNS + f"""
-{marker}def test_hang():
-    {call}
-""")
-    run = Subpytest(pytester)
-    code, out = run.run(*args)
-    assert code == 1, out
-    assert "1 rank(s) failed (hung) in test_" in out and "[simulated rank 9 of 512, fake process group on cpu]" in out
-    assert "rank 9 did not finish " in out and said in out, out
-    assert "in hang" in out, "the hung rank's Python stack"
-    assert "the fake process group's collectives return at once" in out
-    assert wait_for_no_processes(run.token) == []
+def test_a_hang_ends_at_the_limit_dist_run_would_get_with_nothing_left(hangs, session, test, said):
+    code, out, left = hangs[session]
+    assert code == 1 and f"{3 if session == 'limits' else 1} failed" in out, out
+    sec = section(out, f"test_{test}")
+    assert f"1 rank(s) failed (hung) in test_{session}.py::test_{test} " in sec and "[simulated rank 9 of 512, fake process group on cpu]" in sec
+    assert "rank 9 did not finish " in sec and said in sec, sec
+    assert "in hang" in sec, "the hung rank's Python stack"
+    assert "the fake process group's collectives return at once" in sec
+    assert left == []
 
 
 def test_a_malformed_timeout_marker_is_said_by_simulate(pytester):

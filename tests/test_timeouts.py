@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from tests.conftest import Subpytest
+from tests.conftest import Subpytest, run_together
 
 BAD = ["'x'", "'5'", "float('nan')", "float('inf')", "0", "-1"]
 
@@ -105,19 +105,31 @@ class _Dir:
         self.path = path
 
 
-@pytest.fixture(scope="module", params=["thread", "signal"])
-def hung(request, tmp_path_factory):
-    """The 4-rank pool is cold when test_cold_pool starts, and pytest-timeout's limit (8 s) is short."""
-    sp = Subpytest(_Dir(tmp_path_factory.mktemp("hangs")))
-    (sp.pytester.path / "test_hangs.py").write_text(HANGS)
-    (sp.pytester.path / "hang_fns.py").write_text(HANG_FNS)
+METHODS = ["thread", "signal"]
+
+
+@pytest.fixture(scope="module")
+def hangs(tmp_path_factory):
+    """One session per --timeout-method, both at once (their hangs wait side by side). The 4-rank pool
+    is cold when test_cold_pool starts, and pytest-timeout's limit (8 s) is short."""
+    runs = []
+    for method in METHODS:
+        sp = Subpytest(_Dir(tmp_path_factory.mktemp(f"hangs-{method}")))
+        (sp.pytester.path / "test_hangs.py").write_text(HANGS)
+        (sp.pytester.path / "hang_fns.py").write_text(HANG_FNS)
+        runs.append((sp, ("--mgpu-fallback=cpu", "-p", "no:randomly", "-rA", "--timeout=8",
+                          f"--timeout-method={method}")))
     try:
-        rc, out = sp.run("--mgpu-fallback=cpu", "-p", "no:randomly", "-rA", "--timeout=8",
-                         f"--timeout-method={request.param}", timeout=300)
+        return dict(zip(METHODS, run_together(runs, timeout=300)))
     finally:
-        for p in sp.leftovers(timeout=10):
-            os.kill(p, signal.SIGKILL)
-    return rc, out
+        for sp, _ in runs:
+            for p in sp.leftovers(timeout=10):
+                os.kill(p, signal.SIGKILL)
+
+
+@pytest.fixture(params=METHODS)
+def hung(request, hangs):
+    return hangs[request.param].rc, hangs[request.param].out
 
 
 def test_the_limit_that_fired_is_named_marker_then_call(hung):

@@ -2,7 +2,7 @@
 ranks: a rank still computing at its limit, a rank blocked, a pool still starting, and ranks whose
 collectives disagree (another collective, one never reached, other sizes), warm and fresh.
 
-One pytest subprocess per mode runs every case; the tests read its report. The margins hold on a loaded
+One pytest subprocess per mode runs every case, both at once; the tests read its report. The margins hold on a loaded
 2-core machine: each call gets 5 s and the evidence is read over its last 2 s, while the ranks reach the
 test's function within a fraction of a second (the pool is started before the call's clock, pytest is
 preloaded in the forkserver, the functions live in a module that imports nothing slow); a computing rank
@@ -14,7 +14,7 @@ import signal
 
 import pytest
 
-from tests.conftest import Subpytest
+from tests.conftest import Subpytest, run_together
 
 FNS = """
 import time, torch, torch.distributed as tdist
@@ -135,27 +135,35 @@ class _Dir:
         self.path = path
 
 
-def _session(tmp_path_factory, *extra) -> tuple:
+def _prepare(tmp_path_factory, *extra) -> tuple:
     sp = Subpytest(_Dir(tmp_path_factory.mktemp("verdicts")))
     for name, text in [("verdict_fns", FNS), ("slow_import", SLOW_IMPORT), ("late_start", LATE_START),
                        ("test_verdicts_inner", TESTS)]:
         (sp.pytester.path / f"{name}.py").write_text(text)
+    return sp, ("--mgpu-fallback=cpu", "-p", "no:randomly", "-rA", *extra)
+
+
+@pytest.fixture(scope="module")
+def sessions(tmp_path_factory):
+    """Both modes at once (the fresh session's few cases run while the warm one waits out its limits);
+    fresh ranks that return exit at once: their records come back with their results."""
+    runs = [_prepare(tmp_path_factory), _prepare(tmp_path_factory, "--mgpu-isolate", "-k", "desync or after")]
     try:
-        return sp.run("--mgpu-fallback=cpu", "-p", "no:randomly", "-rA", *extra, timeout=400)
+        return run_together(runs, timeout=400)
     finally:
-        for p in sp.leftovers(timeout=10):
-            os.kill(p, signal.SIGKILL)
+        for sp, _ in runs:
+            for p in sp.leftovers(timeout=10):
+                os.kill(p, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")
-def warm(tmp_path_factory):
-    return _session(tmp_path_factory)
+def warm(sessions):
+    return sessions[0].rc, sessions[0].out
 
 
 @pytest.fixture(scope="module")
-def fresh(tmp_path_factory):
-    """Fresh ranks that return exit at once: their records come back with their results."""
-    return _session(tmp_path_factory, "--mgpu-isolate", "-k", "desync or after")
+def fresh(sessions):
+    return sessions[1].rc, sessions[1].out
 
 
 def section(out: str, test: str) -> str:
