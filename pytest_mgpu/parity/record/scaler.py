@@ -4,18 +4,16 @@ gradients), and the steps it skipped (inf/NaN found in the scaled gradients: no 
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, List, Tuple
+from typing import Any, List, Tuple
 
 from ...timing.structure.counter import quiet
 
-if TYPE_CHECKING:
-    from .watch import Watch
 
-
-def scaler_calls(watch: "Watch") -> List[Tuple[Any, str, Any]]:
+def scaler_calls(watch: Any) -> List[Tuple[Any, str, Any]]:
     """The patches that note a ``torch.amp.GradScaler``'s scale (what ``scale(loss)`` multiplied by) and
     the order of its ``unscale_`` against ``clip_grad_norm_`` (a clip before ``unscale_`` clips scaled
-    gradients), where torch has one."""
+    gradients), and each ``step`` that skipped the optimizer's, where torch has one. ``watch`` is the
+    loop's ``watch.Watch`` (``saw_scaler``, ``scaler_skips``)."""
     amp = sys.modules.get("torch.amp")
     scaler = getattr(amp, "GradScaler", None)
     if scaler is None:
