@@ -83,22 +83,6 @@ class Copy(torch.autograd.Function):
         return grad
 
 
-class ReduceTwice(torch.autograd.Function):
-    """A reduce-from-region function that all_reduces in its backward too (a bug)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        x = x.clone()
-        tdist.all_reduce(x)
-        return x
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.clone()
-        tdist.all_reduce(grad)
-        return grad
-
-
 class Reduce(torch.autograd.Function):
     """Megatron's reduce_from_tensor_model_parallel_region: all_reduce forward, identity backward."""
 
@@ -111,6 +95,12 @@ class Reduce(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad
+
+
+class ReduceTwice(Reduce):
+    """A reduce-from-region function that all_reduces in its backward too (a bug)."""
+
+    backward = staticmethod(Copy.backward)
 
 
 def _piece(t, dim, rank, world):
