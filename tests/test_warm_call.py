@@ -119,3 +119,27 @@ def _count_garbage():
 def test_garbage_of_a_call_is_collected_before_the_next(dist):
     assert dist.run(_leave_garbage) == [3, 3]
     assert dist.run(_count_garbage) == [0, 0], "a call's garbage outlived it (or was frozen with the heap)"
+
+
+def _progress_bar():
+    import threading
+
+    from tqdm import tqdm
+
+    for _ in tqdm(range(3), mininterval=0):  # the first bar in a process starts tqdm's monitor thread
+        pass
+    return [t.name for t in threading.enumerate()]
+
+
+@world_sizes(2)
+def test_tqdm_monitor_is_not_reported_as_a_leftover_thread(dist):
+    """tqdm keeps one silent monitor thread per process for every later bar: not the call's leftover."""
+    import warnings
+
+    from pytest_mgpu.launch.errors import RankLeftoverWarning
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        names = dist.run(_progress_bar)
+    assert "tqdm_monitor" in names[0], names
+    assert not [w for w in seen if issubclass(w.category, RankLeftoverWarning)], [str(w.message) for w in seen]

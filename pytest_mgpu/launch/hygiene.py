@@ -48,7 +48,7 @@ class CallWatch:
 
     def finish(self, rank: int) -> List[str]:
         notes = leftover_note(rank, end_descendants())
-        left = [t for t in threading.enumerate() if t.ident not in self.before and t.is_alive()]
+        left = [t for t in threading.enumerate() if t.ident not in self.before and t.is_alive() and not _kept(t)]
         if left:
             names = ", ".join(f"{t.name}{' (daemon)' if t.daemon else ''}" for t in left[:5])
             what = "1 thread" if len(left) == 1 else f"{len(left)} threads"
@@ -57,3 +57,10 @@ class CallWatch:
             for stream in self.streams:
                 stream.muted.update(t.ident for t in left)
         return notes
+
+
+def _kept(thread: threading.Thread) -> bool:
+    """A library's own process-wide thread, kept for every later user and silent: tqdm's monitor
+    (``tqdm.tqdm.monitor``, started by the first progress bar; it prints nothing). Not a leftover."""
+    tqdm = sys.modules.get("tqdm")
+    return tqdm is not None and getattr(getattr(tqdm, "tqdm", None), "monitor", None) is thread
