@@ -150,6 +150,7 @@ def _check_counts(sides: List[Tuple[str, SideLog]], steps: int, record: str, wor
     ref = counts[sides[0][0]]
     ranks = [n for who, n in counts.items() if who != sides[0][0]]
     unit = "step(s)" if record == "log" else "optimizer step(s)"
+    skipped = _not_steps(sides, steps)  # what a short side did instead: steps a GradScaler skipped, empty ones
     text = f"assert_same_training(steps={steps}, record={record!r}): {'; '.join(wrong)} {unit}."
     if world > 1 and ref and ranks and len(set(ranks)) == 1 and ranks[0] == world * ref:
         text += (f" Every rank took {world} x the reference's steps ({ranks[0]} = {world} x {ref}): each rank "
@@ -159,8 +160,8 @@ def _check_counts(sides: List[Tuple[str, SideLog]], steps: int, record: str, wor
     elif world > 1 and ranks and ref == world * max(ranks):
         text += (f" The reference took {world} x the ranks' steps: its batch is 1/{world} of the ranks' global "
                  f"batch. Give the one-device loop the global batch (the ranks' batch size x {world}).")
-    elif _not_steps(sides, steps):
-        text += " " + _not_steps(sides, steps)
+    elif skipped:
+        text += " " + skipped
     elif world > 1 and len(set(ranks)) > 1:
         took = ", ".join(f"{who.replace('fn on ', '')}: {n}" for who, n in counts.items() if who != sides[0][0])
         text += (f" The ranks took different numbers of optimizer steps ({took}): an optimizer.step() taken on "

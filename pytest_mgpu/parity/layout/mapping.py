@@ -147,8 +147,9 @@ def _misread(sharding: Sharding, off: Dict[str, List[int]], starts: List[Dict[st
             sharding.misplaced[name] = odd.words(name, (i * n, (i + 1) * n))
             sharding.mismatched[name] = "its pieces are the reference's rows in other places than each rank's block"
             continue
-        fused = f" ({held[0].words(name, (0, n))}; {_fused_join(name, held[0].chunks, rule.dim or 0)} puts them " \
-            "together)" if held and held[0].kind == "fused" else ""
+        i = group.index(held[0].rank) if held else 0
+        fused = f" ({held[0].words(name, (i * n, (i + 1) * n))}; {_fused_join(name, held[0].chunks, rule.dim or 0)} " \
+            "puts them together)" if held and held[0].kind == "fused" else ""
         sharding.mismatched[name] = (f"its pieces put together along dim {rule.dim} in rank order are not the "
                                      "reference's starting weights, though every whole tensor starts as the "
                                      f"reference's: a fused or interleaved layout{fused}")
