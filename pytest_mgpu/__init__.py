@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # imported on first use (``__getattr__`` below); named here f
     from .parity.resume.api import ResumeSetupError
     from .parity.resume.folder import checkpoint_dir
     from .parity.resume.verdict import UninterruptedDiverged
-    from .parity.training import StepCountError
+    from .parity.counts import StepCountError
     from .timing.messages import TimingRegressionWarning
 
 __all__ = [
@@ -46,7 +46,7 @@ _LAZY = {
     "ParityError": ".parity.report",
     "ParityReport": ".parity.report",
     "ResumeSetupError": ".parity.resume.api",
-    "StepCountError": ".parity.training",
+    "StepCountError": ".parity.counts",
     "TimingRegressionWarning": ".timing.messages",
     "UninterruptedDiverged": ".parity.resume.verdict",
     "checkpoint_dir": ".parity.resume.folder",

@@ -151,7 +151,9 @@ def test_steps_a_grad_scaler_skipped_are_said_not_sent_to_the_data(dist):
                                   P(L.amp_scaled, bug="overflow", reference=True, steps=30),
                                   dist.world_size, steps=4, record="optimizer")
     text = str(info.value)
-    assert "fn on rank 0's GradScaler skipped 30 step(s) (inf/NaN in the scaled gradients)" in text, text
+    assert text.splitlines()[1].startswith("likely cause: a new GradScaler is made at every iteration on the ranks "
+                                           "(fn on rank 0 made 31; its GradScaler skipped 30 of its steps)"), text
+    assert "fn on rank 0's GradScaler skipped every step, 30 step(s) (inf/NaN in the scaled gradients)" in text, text
     assert "reference_fn (one process)'s GradScaler skipped" in text and "ran out of data" not in text, text
 
 

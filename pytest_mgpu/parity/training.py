@@ -20,6 +20,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
+from .counts import StepCountError, check_counts  # noqa: F401 - StepCountError: also importable from here
 from .engine import ParityError, ParityReport, judge
 from .evidence.facts import UserFacts
 from .evidence.loss import normalisation
@@ -33,10 +34,6 @@ from .records import Portable
 from .threads import one_thread
 
 RECORDS = ("log", "optimizer")
-
-
-class StepCountError(AssertionError):
-    """A side took a different number of steps than asked for."""
 
 
 def assert_same_training(dist, fn, reference_fn, *args, steps: int = 3, record: Optional[Record] = None,
@@ -66,7 +63,7 @@ def assert_same_training(dist, fn, reference_fn, *args, steps: int = 3, record: 
     ref: SideResult = dist.run_single(run_loop, job(reference_fn, "reference_fn", True), timeout=timeout)
     for note in dict.fromkeys(n for side in ranks + [ref] for n in side.notes):
         warnings.warn(f"assert_same_training(spawn=True): {note}", RuntimeWarning, stacklevel=3)
-    _check_counts([("reference_fn (one process)", ref.side)] +
+    check_counts([("reference_fn (one process)", ref.side)] +
                   [(f"fn on rank {r}", side.side) for r, side in enumerate(ranks)], steps, how, dist.world_size)
     name = getattr(getattr(fn, "func", fn), "__name__", "fn")  # a functools.partial's function
     keep_structure(dist, name, ranks)
@@ -138,61 +135,6 @@ def _resolve(steps, record: Optional[str], spawn: bool) -> Record:
         raise ValueError("spawn=True runs an mp.spawn entry point unchanged, which takes no log: "
                          "use record='optimizer' (a step is then one optimizer.step())")
     return "optimizer" if record == "optimizer" else "log"
-
-
-def _check_counts(sides: List[Tuple[str, SideLog]], steps: int, record: str, world: int) -> None:
-    """Every side must take ``steps`` steps; a side that took W times (or 1/W of) another's is named
-    for what that means: every rank iterated the whole data set (no DistributedSampler)."""
-    counts = {who: len(side.steps) for who, side in sides}
-    wrong = [f"{who} {'logged' if record == 'log' else 'took'} {n}" for who, n in counts.items() if n != steps]
-    if not wrong:
-        return
-    ref = counts[sides[0][0]]
-    ranks = [n for who, n in counts.items() if who != sides[0][0]]
-    unit = "step(s)" if record == "log" else "optimizer step(s)"
-    skipped = _not_steps(sides, steps)  # what a short side did instead: steps a GradScaler skipped, empty ones
-    text = f"assert_same_training(steps={steps}, record={record!r}): {'; '.join(wrong)} {unit}."
-    if world > 1 and ref and ranks and len(set(ranks)) == 1 and ranks[0] == world * ref:
-        text += (f" Every rank took {world} x the reference's steps ({ranks[0]} = {world} x {ref}): each rank "
-                 "iterates over the whole data set, as if there were no DistributedSampler. Fix: give the "
-                 "DataLoader sampler=DistributedSampler(dataset) (and call sampler.set_epoch(epoch) every epoch), "
-                 "so that each rank gets 1/world_size of the data.")
-    elif world > 1 and ranks and ref == world * max(ranks):
-        text += (f" The reference took {world} x the ranks' steps: its batch is 1/{world} of the ranks' global "
-                 f"batch. Give the one-device loop the global batch (the ranks' batch size x {world}).")
-    elif skipped:
-        text += " " + skipped
-    elif world > 1 and len(set(ranks)) > 1:
-        took = ", ".join(f"{who.replace('fn on ', '')}: {n}" for who, n in counts.items() if who != sides[0][0])
-        text += (f" The ranks took different numbers of optimizer steps ({took}): an optimizer.step() taken on "
-                 "some ranks only (under a rank condition), or skipped on some (a GradScaler that found inf/NaN in "
-                 "one rank's gradients only). Fix: step the optimizer on every rank at every step, after the "
-                 "gradients are synchronised.")
-    elif record == "log":
-        text += (" Each loop must call log(model, loss) once per step, after backward and before "
-                 "optimizer.step(), for exactly `steps` steps (it receives steps= as a keyword).")
-    else:
-        text += (" A side that ends before `steps` optimizer steps ran out of data or epochs: give it more, "
-                 "or ask for fewer steps.")
-    raise StepCountError(text)
-
-
-def _not_steps(sides: List[Tuple[str, SideLog]], steps: int) -> str:
-    """What the short sides did instead of stepping: GradScaler steps skipped (inf/NaN found in the scaled
-    gradients), optimizer steps that changed nothing (lr 0, no gradient); "" where neither."""
-    said: List[str] = []
-    if all(len(side.steps) >= steps or not (side.scaler_skips or side.uncounted) for _, side in sides):
-        return ""
-    for who, side in sides:
-        if side.scaler_skips:
-            said.append(f"{who}'s GradScaler skipped {side.scaler_skips} step(s) (inf/NaN in the scaled gradients)")
-        if side.uncounted:
-            said.append(f"{who} took {side.uncounted} optimizer.step() that changed nothing (every lr 0, or no "
-                        "gradient), not counted")
-    return ("; ".join(said) + ". A step skipped or empty there and taken by the other side is the divergence: "
-            "the scale must back off as the other side's does (one GradScaler for the whole run, scaler.unscale_ "
-            "before clipping), and the schedule must not reach lr 0 earlier (its length from the steps the ranks "
-            "take).")
 
 
 def _normalised(report: ParityReport) -> None:

@@ -146,6 +146,18 @@ def _schedule(f: UserFacts, first: int) -> Finding:
     return Finding(first, "state", "a value", "lr-schedule", what, per_step)
 
 
+def schedule_rate(mine: List[Optional[float]], ref: List[Optional[float]]) -> str:
+    """How one side's schedule runs against the other's, where one rule holds at two steps or more:
+    "2x faster (the lr at step s is the other's at step 2s)", "1 step(s) ahead (...)", "at half the
+    rate (...)"; "" where none does."""
+    faster, ahead = _faster(mine, ref), _ahead(mine, ref)
+    if faster:
+        return f"{faster}x faster (the lr at step s is the other's at step {faster}s)"
+    if ahead:
+        return f"{ahead} step(s) ahead (the lr at step s is the other's at step s + {ahead})"
+    return "at half the rate (the lr at step 2s is the other's at step s)" if _slower(mine, ref) else ""
+
+
 def _matches(mine: List[Optional[float]], ref: List[Optional[float]], index) -> bool:
     """The ranks' lr at every step s is the reference's at step ``index(s)`` (at least two such steps)."""
     pairs = [(a, ref[index(s)]) for s, a in enumerate(mine) if 0 <= index(s) < len(ref) and a is not None]

@@ -110,7 +110,7 @@ def run_side(job: LoopJob, fn, rank: int, tag: str = "", mode=None,
                     fn(*lead, log, *job.args, steps=job.steps, **job.kwargs)
                 side = log.side
         side.set_epoch_calls = watch.set_epoch_calls
-        side.scaler_skips = watch.scaler_skips
+        side.scaler_skips, side.scalers_made, side.scaled_clips = watch.scaler_skips, watch.scalers_made, watch.scaled_clips
         side.recomputed = watch.recomputed
         side.sampler_passes = watch.sampler_passes
         side.autocast = side.autocast or watch.autocast

@@ -1,6 +1,7 @@
 """What a ``torch.amp.GradScaler`` did in a step (inside a rank): the scale ``scale(loss)`` multiplied
 by, the order of its ``unscale_`` against ``clip_grad_norm_`` (a clip before ``unscale_`` clips scaled
-gradients), and the steps it skipped (inf/NaN found in the scaled gradients: no optimizer step)."""
+gradients), the steps it skipped (inf/NaN found in the scaled gradients: no optimizer step), and how
+many scalers the loop made (one made per iteration starts over at its initial scale every time)."""
 from __future__ import annotations
 
 import sys
@@ -12,8 +13,8 @@ from ...timing.structure.counter import quiet
 def scaler_calls(watch: Any) -> List[Tuple[Any, str, Any]]:
     """The patches that note a ``torch.amp.GradScaler``'s scale (what ``scale(loss)`` multiplied by) and
     the order of its ``unscale_`` against ``clip_grad_norm_`` (a clip before ``unscale_`` clips scaled
-    gradients), and each ``step`` that skipped the optimizer's, where torch has one. ``watch`` is the
-    loop's ``watch.Watch`` (``saw_scaler``, ``scaler_skips``)."""
+    gradients), each ``step`` that skipped the optimizer's, and each enabled scaler made, where torch has
+    one. ``watch`` is the loop's ``watch.Watch`` (``saw_scaler``, ``scaler_skips``, ``scalers_made``)."""
     amp = sys.modules.get("torch.amp")
     scaler = getattr(amp, "GradScaler", None)
     if scaler is None:
@@ -32,7 +33,12 @@ def scaler_calls(watch: Any) -> List[Tuple[Any, str, Any]]:
             watch.saw_scaler("unscale_")
         return unscale(self, optimizer)
 
-    step = scaler.step
+    step, init = scaler.step, scaler.__init__
+
+    def observed_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        if self.is_enabled():
+            watch.scalers_made += 1
 
     def observed_step(self, optimizer, *args, **kwargs):
         out = step(self, optimizer, *args, **kwargs)
@@ -43,4 +49,5 @@ def scaler_calls(watch: Any) -> List[Tuple[Any, str, Any]]:
                     watch.scaler_skips += 1  # inf/NaN in the scaled gradients: no optimizer.step
         return out
 
-    return [(scaler, "scale", observed_scale), (scaler, "unscale_", observed_unscale), (scaler, "step", observed_step)]
+    return [(scaler, "scale", observed_scale), (scaler, "unscale_", observed_unscale), (scaler, "step", observed_step),
+            (scaler, "__init__", observed_init)]

@@ -169,6 +169,8 @@ class Watch:
         self.autocast = ""  # the autocast dtype an outermost forward ran under ("" if none)
         self.set_epoch_calls = 0  # DistributedSampler.set_epoch calls (the rows show a repeated order)
         self.scaler_skips = 0  # GradScaler.step calls that skipped the optimizer step (inf/NaN found)
+        self.scalers_made = 0  # enabled GradScalers constructed inside the loop
+        self.scaled_clips = 0  # clips between scaler.scale(loss) and scaler.unscale_: scaled gradients clipped
         self.recomputed = False  # a module ran forward inside backward (activation checkpointing)
         self.sampler_passes = 0  # passes over a DistributedSampler (0: the loop uses none)
         self._inputs = Inputs()
@@ -356,7 +358,10 @@ class Watch:
 
     def saw_clip(self, total, max_norm) -> None:
         add(self._inputs.where, "clip_grad_norm_", user_line())
-        self._inputs.order.append("clip")
+        order = self._inputs.order
+        if "scale" in order and "unscale_" not in order[len(order) - order[::-1].index("scale"):]:
+            self.scaled_clips += 1
+        order.append("clip")
         with quiet():
             norm = full_tensor(total)
         self._inputs.clips.append((float(norm), float(max_norm), hasattr(total, "to_local")))
