@@ -121,6 +121,12 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("start-other", "fn and reference_fn start from different weights", "seed both sides alike right before "
           "building the model, or load one state_dict into both"),
     Cause("lr-rank", "one rank's learning rate differs", SAME_OPT),
+    Cause("lr-factor", "the ranks' learning rate is 1/world size of the reference's (scaled with the per-rank batch, "
+          "not the global one)", "scale the lr with the global batch (the per-rank batch x the data-parallel ranks) "
+          "on the ranks, as the reference's batch is", "The lr is scaled by the local batch on the ranks.", inverse),
+    Cause("lr-factor", "the ranks' learning rate is world size x the reference's (scaled by the world size once too "
+          "often)", "scale the lr alike on both sides: by the global batch, once", "The lr is scaled by the world size "
+          "on the ranks and not in the reference, or twice.", world),
     Cause("lr-factor", "the learning rate differs", SAME_LR, "The lr is scaled (by the world size or the global "
           "batch) on one side."),
     Cause("lr-faster", "the learning rate differs", "call scheduler.step() right after optimizer.step(), once per step",

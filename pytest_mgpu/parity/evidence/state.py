@@ -6,7 +6,7 @@ buffers). Read exactly where the value is exact (a learning rate is one float on
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from .facts import REFERENCE, UserFacts
 from .finding import Finding, Report, listed, over, plain_name, replica_of
@@ -129,6 +129,10 @@ def _schedule(f: UserFacts, first: int) -> Finding:
         k = ratios.pop()  # an exponential schedule one step ahead is a constant ratio too: a scaling unless ahead
         return Finding(first, "state", "a uniform factor", "lr-factor", what + f", {k:.4g}x at every step",
                        per_step, value=k)
+    tends = settled_factor(mine, ref, w)
+    if tends:
+        return Finding(first, "state", "a uniform factor", "lr-factor", what + f", {tends:.4g}x from step "
+                       f"{_settled(mine, ref)} on (once warm-up ends)", per_step, value=tends)
     faster = _faster(mine, ref)
     if faster:
         return Finding(first, "state", "a value", "lr-faster",
@@ -136,6 +140,11 @@ def _schedule(f: UserFacts, first: int) -> Finding:
     if ahead:
         return Finding(first, "state", "a value", "lr-ahead", what + f"; the ranks' lr at step s is the reference's "
                        f"at step s + {ahead}: their schedule runs {ahead} step(s) ahead", per_step, value=ahead)
+    least, most = _drifts_ahead(mine, ref)
+    if least:
+        return Finding(first, "state", "a value", "lr-ahead", what + f"; the ranks' lr at step s is the reference's "
+                       f"at a later step, {least} to {most} step(s) ahead and further as the run goes on: their "
+                       "schedule runs ahead", per_step, value=most)
     if _slower(mine, ref):
         return Finding(first, "state", "a value", "lr-slower", what + "; the ranks' lr at step 2s is the reference's "
                        "at step s: their schedule runs at half its rate", per_step, value=0.5)
@@ -155,6 +164,9 @@ def schedule_rate(mine: List[Optional[float]], ref: List[Optional[float]]) -> st
         return f"{faster}x faster (the lr at step s is the other's at step {faster}s)"
     if ahead:
         return f"{ahead} step(s) ahead (the lr at step s is the other's at step s + {ahead})"
+    least, most = _drifts_ahead(mine, ref)
+    if least:
+        return f"ahead, further as the run goes on (the lr at step s is the other's at step s + {least} to s + {most})"
     return "at half the rate (the lr at step 2s is the other's at step s)" if _slower(mine, ref) else ""
 
 
@@ -180,10 +192,64 @@ def _ahead(mine: List[Optional[float]], ref: List[Optional[float]]) -> int:
     return next((b for b in range(1, len(ref) - 1) if _matches(mine, ref, lambda s: s + b)), 0)
 
 
+def _drifts_ahead(mine: List[Optional[float]], ref: List[Optional[float]]) -> Tuple[int, int]:
+    """(least, most) where the ranks' lr at every step s is the reference's at a later step s + b(s), b
+    never shrinking and growing somewhere (a scheduler also stepped on iterations a GradScaler skipped:
+    one step further ahead per skip); (0, 0) where it is not, or fewer than two steps are known."""
+    if len({r for r in ref if r is not None}) < 2:
+        return 0, 0
+    offsets: List[int] = []
+    for s, a in enumerate(mine):
+        if a is None:
+            continue
+        start = s + max(offsets[-1] if offsets else 1, 1)
+        j = next((j for j in range(start, len(ref)) if ref[j] is not None and not _differs(a, ref[j], SAME_LR)), None)
+        if j is None:
+            return 0, 0
+        offsets.append(j - s)
+    return (offsets[0], offsets[-1]) if len(offsets) >= 2 and offsets[-1] > offsets[0] else (0, 0)
+
+
 def _slower(mine: List[Optional[float]], ref: List[Optional[float]]) -> bool:
-    """The ranks' lr at step s is the reference's at step s // 2 (and not constant): half the rate."""
+    """The ranks' lr at step s is the reference's at step s // 2 (and not constant): half the rate; or,
+    a schedule built for twice the steps (a linear warm-up over 2n), at every other step: the ranks' lr
+    at step 2t + b is the reference's at step t, for one b."""
     known = [a for a in mine if a is not None]
-    return len(set(known)) > 1 and _matches(mine, ref, lambda s: s // 2)
+    if len(set(known)) < 2:
+        return False
+    if _matches(mine, ref, lambda s: s // 2):
+        return True
+    for b in (0, 1):
+        pairs = [(mine[s], ref[(s - b) // 2]) for s in range(b, len(mine), 2)
+                 if (s - b) // 2 < len(ref) and mine[s] is not None]
+        if len(pairs) >= 2 and all(r is not None and not _differs(a, r, SAME_LR) for a, r in pairs):
+            return True
+    return False
+
+
+def _settled(mine: List[Optional[float]], ref: List[Optional[float]]) -> int:
+    """The first step from which the ranks' lr is one factor of the reference's to the end."""
+    ratios = [a / r if a is not None and r else None for a, r in zip(mine, ref)]
+    last = ratios[-1] if ratios else None
+    s = len(ratios) - 1
+    while s > 0 and last is not None and ratios[s - 1] is not None and not _differs(ratios[s - 1], last, SAME_LR):
+        s -= 1
+    return s
+
+
+def settled_factor(mine: List[Optional[float]], ref: List[Optional[float]], world: int) -> float:
+    """W or 1/W where the ranks' lr comes monotonically to that factor of the reference's at the last step,
+    from the same lr at the first (a warm-up from one start lr on both sides to base lrs W apart), or stays
+    at it for the last two steps or more; 0 else."""
+    ratios = [a / r for a, r in zip(mine, ref) if a is not None and r]
+    if world < 2 or len(ratios) < 3:
+        return 0.0
+    if _differs(ratios[-1], ratios[-2], SAME_LR) and _differs(ratios[0], 1.0, SAME_LR):
+        return 0.0
+    k = ratios[-1]
+    toward = all((a - k) * (ratios[0] - k) >= 0 and abs(a - k) >= abs(b - k) for a, b in zip(ratios, ratios[1:]))
+    near = next((t for t in (world, 1 / world) if abs(k / t - 1) < 0.02), 0.0)
+    return near if toward else 0.0
 
 
 def _hyper(f: UserFacts) -> Optional[Finding]:
