@@ -203,7 +203,7 @@ def _drifts_ahead(mine: List[Optional[float]], ref: List[Optional[float]]) -> Tu
         if a is None:
             continue
         start = s + max(offsets[-1] if offsets else 1, 1)
-        j = next((j for j in range(start, len(ref)) if ref[j] is not None and not _differs(a, ref[j], SAME_LR)), None)
+        j = next((j for j, r in enumerate(ref) if j >= start and r is not None and not _differs(a, r, SAME_LR)), None)
         if j is None:
             return 0, 0
         offsets.append(j - s)
@@ -220,19 +220,18 @@ def _slower(mine: List[Optional[float]], ref: List[Optional[float]]) -> bool:
     if _matches(mine, ref, lambda s: s // 2):
         return True
     for b in (0, 1):
-        pairs = [(mine[s], ref[(s - b) // 2]) for s in range(b, len(mine), 2)
-                 if (s - b) // 2 < len(ref) and mine[s] is not None]
-        if len(pairs) >= 2 and all(r is not None and not _differs(a, r, SAME_LR) for a, r in pairs):
+        pairs = [(a, ref[(s - b) // 2]) for s, a in enumerate(mine)
+                 if s >= b and (s - b) % 2 == 0 and (s - b) // 2 < len(ref) and a is not None]
+        if len(pairs) >= 2 and all(r is not None and not _differs(a, r, SAME_LR) for a, r in pairs if a is not None):
             return True
     return False
 
 
 def _settled(mine: List[Optional[float]], ref: List[Optional[float]]) -> int:
     """The first step from which the ranks' lr is one factor of the reference's to the end."""
-    ratios = [a / r if a is not None and r else None for a, r in zip(mine, ref)]
-    last = ratios[-1] if ratios else None
+    ratios = [a / r if a is not None and r else math.nan for a, r in zip(mine, ref)]
     s = len(ratios) - 1
-    while s > 0 and last is not None and ratios[s - 1] is not None and not _differs(ratios[s - 1], last, SAME_LR):
+    while s > 0 and math.isfinite(ratios[s - 1]) and not _differs(ratios[s - 1], ratios[-1], SAME_LR):
         s -= 1
     return s
 
