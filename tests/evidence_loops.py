@@ -171,11 +171,14 @@ def logged_reference(log, world_size: int, steps: int = 3) -> None:
         opt.step()
 
 
-def scheduled(world_size: int, bug: str = "", steps: int = 4, micro: int = 1, reference: bool = False) -> None:
+def scheduled(world_size: int, bug: str = "", steps: int = 4, micro: int = 1, reference: bool = False,
+              blocks: bool = False) -> None:
     """SGD with weight decay and a StepLR schedule, hand-written data parallelism (``reference=True``: one
-    device, the global batch). Bugs on the ranks: ``wd`` (weight decay 1e-4 relative off), ``sched_micro``
-    (the scheduler stepped after every micro-batch), ``sched_first`` (stepped before the optimizer),
-    ``sched_epoch`` (stepped per epoch: never within these steps)."""
+    device, the global batch; with ``blocks`` as the ranks' W blocks, each block's mean loss backpropagated
+    and the summed gradients divided by W: the same gradients, a loss counted W times). Bugs on the ranks:
+    ``wd`` (weight decay 1e-4 relative off), ``sched_micro`` (the scheduler stepped after every micro-batch),
+    ``sched_first`` (stepped before the optimizer), ``sched_epoch`` (stepped per epoch: never within these
+    steps)."""
     torch.manual_seed(0)
     net = Net()
     wd = 0.05 * (1 + 1e-4) if bug == "wd" and not reference else 0.05
@@ -184,11 +187,14 @@ def scheduled(world_size: int, bug: str = "", steps: int = 4, micro: int = 1, re
     for step in range(steps):
         x, y = batch(step) if reference else (t.chunk(world_size)[_rank()] for t in batch(step))
         opt.zero_grad()
-        for xm, ym in zip(x.chunk(micro), y.chunk(micro)):
-            (nn.functional.mse_loss(net(xm), ym) / micro).backward()
+        for xm, ym in zip(x.chunk(world_size if blocks else micro), y.chunk(world_size if blocks else micro)):
+            (nn.functional.mse_loss(net(xm), ym) / (1 if blocks else micro)).backward()
             if bug == "sched_micro" and not reference:
                 sched.step()  # the scheduler stepped per micro-batch
-        if not reference:
+        if blocks:
+            for p in net.parameters():
+                p.grad.div_(world_size)
+        elif not reference:
             _average(net, world_size)
         if bug == "sched_first" and not reference:
             sched.step()  # the scheduler stepped before the optimizer

@@ -145,6 +145,17 @@ def test_a_schedule_off_by_a_step_or_never_stepped_is_said_with_its_rate(dist, b
 
 
 @world_sizes(2)
+def test_a_loss_counted_otherwise_beside_the_same_gradients_is_no_cause(dist):
+    """The reference backpropagates the W blocks' losses one by one (its logged loss is W x the ranks'),
+    with the same gradients at step 0: the schedule that never moves is the cause, not the loss."""
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(P(L.scheduled, bug="sched_epoch"), P(L.scheduled, reference=True, blocks=True),
+                                  dist.world_size, steps=4, record="optimizer")
+    line = str(info.value).splitlines()[1]
+    assert line.startswith("likely cause: the ranks' learning rate schedule never moves ("), line
+
+
+@world_sizes(2)
 def test_steps_a_grad_scaler_skipped_are_said_not_sent_to_the_data(dist):
     with pytest.raises(StepCountError) as info:
         dist.assert_same_training(P(L.amp_scaled, bug="overflow", steps=30),

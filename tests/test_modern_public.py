@@ -55,7 +55,7 @@ BUGS = {
     "uneven shards, local mean loss": (4, T.uneven_local_mean_train, T.uneven_global_mean_reference, 6,
                                        "unequal shards"),
     "lr times the world size": (2, P(T.fsdp_train, bug="lr_times_world"), T.fsdp_reference, 3,
-                                "the learning rate differs. Fix: give both sides the same learning rate"),
+                                "the ranks' learning rate is world size x the reference's"),
     "tp seeded by rank, no scatter": (2, P(T.tp_train, bug="rank_seed_local"), T.tp_reference, 3,
                                       "the ranks start from different weights"),
 }

@@ -226,7 +226,7 @@ def test_fsdp_mixed_precision_is_judged_in_its_own_precision(dist):
 
 @world_sizes(2)
 def test_a_side_that_runs_out_of_steps_is_named(dist):
-    with pytest.raises(StepCountError, match=r"took 4 optimizer step\(s\)\. A side that ends before"):
+    with pytest.raises(StepCountError, match=r"took 4 optimizer step\(s\)\.\nA side that ends before"):
         dist.assert_same_training(tutorial(dist.world_size, total_epochs=1, size=128),
                                   tutorial_reference(dist.world_size, total_epochs=1, size=128), spawn=True, steps=6)
 

@@ -354,6 +354,8 @@ def localise(report: Report) -> List[Finding]:
     found = state.findings(report, f) + conduct.findings(report, f) + inputs.findings(f) + loss.findings(report, f) + \
         gradients.findings(report, f) + update.findings(report, f)
     first = report.first_divergence
+    while first is not None and first < len(report.records) - 1 and loss.counted_otherwise(report, f, first):
+        first += 1  # a loss counted otherwise beside the same gradients: training diverges later
     if first is not None:
         found = [x for x in found if x.step <= first]
     found.sort(key=lambda x: (x.signal in PASSES_ON or cause_of(x, f) is None, x.order))

@@ -14,7 +14,7 @@ EXACT = 1e-4  # relative: a factor read from the losses of every step alike
 
 
 def findings(report: Report, f: UserFacts) -> List[Finding]:
-    out = [_factor(f), _outputs(f), _other(report, f)]
+    out = [_factor(report, f), _outputs(f), _other(report, f)]
     return [x for x in out if x is not None]
 
 
@@ -29,10 +29,14 @@ def loss_factor(f: UserFacts, step: int) -> float:
     return (math.fsum(held) / len(held)) / ref
 
 
-def _factor(f: UserFacts) -> Optional[Finding]:
-    """Step 0's loss (same weights on both sides) off by the world size, its inverse, or the backward passes."""
+def _factor(report: Report, f: UserFacts) -> Optional[Finding]:
+    """Step 0's loss (same weights on both sides) off by the world size, its inverse, or the backward passes,
+    where step 0's gradients differ too: a loss scaled before backward scales them; a loss off by a factor
+    beside gradients that agree was counted otherwise (summed over other backward passes), not trained so."""
     if f.world_size < 2 or f.tensor_parallel:
         return None  # tensor/sequence-parallel peers hold parts of one loss: no replica mean to scale
+    if trained_alike(report, f, 0):
+        return None
     k = loss_factor(f, 0)
     if not math.isfinite(k):
         return None
@@ -42,6 +46,23 @@ def _factor(f: UserFacts) -> Optional[Finding]:
     return Finding(0, "loss", "a uniform factor", "loss-factor",
                    f"at step 0, with the same weights, the ranks' loss is {factor_words(k, w, b)} the reference's",
                    value=k)
+
+
+def trained_alike(report: Report, f: UserFacts, step: int) -> bool:
+    """At ``step`` the gradients were compared and agree, and so do the norms clipped: a loss that differs
+    there was counted otherwise (summed over other backward passes), not trained so."""
+    grads = [e for e in report.records[step].errors if e.kind == "grad"] if step < len(report.records) else []
+    norms = f.rank_clip_norms[step] if step < len(f.rank_clip_norms) else []
+    ref = f.ref_clip_norms[step] if step < len(f.ref_clip_norms) else []
+    return bool(grads) and not over(report, step, "grad") and all(b and abs(a / b - 1) < 1e-3 for a, b in zip(norms, ref))
+
+
+def counted_otherwise(report: Report, f: UserFacts, step: int) -> bool:
+    """At ``step`` only the loss is over the line and the step trained alike (``trained_alike``): the
+    divergence, as far as training goes, starts later."""
+    failing = {e.kind for e in report.records[step].errors if not report.tolerance.passes(e, step)} \
+        if step < len(report.records) else set()
+    return bool(failing) and failing <= {"loss"} and trained_alike(report, f, step)
 
 
 def _outputs(f: UserFacts) -> Optional[Finding]:
@@ -59,7 +80,7 @@ def _other(report: Report, f: UserFacts) -> Optional[Finding]:
         if over(report, step, "param"):
             return None  # the weights differ first: the state or an update explains it
         bad = over(report, step, "loss") + over(report, step, "output")
-        if bad:
+        if bad and not trained_alike(report, f, step):
             k = loss_factor(f, step)
             shown = f" ({k:.4g}x the reference's)" if math.isfinite(k) else ""
             return Finding(step, "loss", "all tensors", "loss-other",
