@@ -1,0 +1,153 @@
+"""Per heldout7 bug: the first cause a right diagnosis names (``EXPECTED``, in words) and the regexes
+that accept a "likely cause" line naming it (``RUBRIC``; matched lower-case, the location removed).
+Written from what each bug is, before the plugin was first run on this set, and not changed after.
+The regexes accept the usual wordings of the mechanism, not one phrase; a line that names only a
+symptom (which tensor differs, that the ranks disagree) is not accepted. The word "reference" alone is
+never accepted for the DPO reference model: the one-device run is also called the reference.
+"""
+from __future__ import annotations
+
+import re
+
+NOT_DIVIDED = (r"(not|never|missing|without|forgot\w*)[^.]{0,40}(divid|averag|scal|normali[sz])",
+               r"sum(med|s)?[^.]{0,40}(instead|rather|not)[^.]{0,20}(averag|mean|divid)",
+               r"(\d|world[- _]?size|\bw\b|ranks?)[- ]?(times|x|×) (too )?(large|big)",
+               r"(too large|larger|scaled up)[^.]{0,30}(world|factor|\d|ranks)",
+               r"(times|×|x) ?(the )?(world[- _]?size|number of ranks|\bw\b)")
+NO_SYNC = (r"(not|never|missing|without|no|skipp\w*|left out)[^.]{0,40}(all[- _]?reduc|synchroni[sz]|sync|averag|reduc)",
+           r"(all[- _]?reduc\w*|gradient sync\w*|synchroni[sz]ation)[^.]{0,40}(missing|skipp|not|never|absent|left out)",
+           r"unsynchroni[sz]ed|local gradients?|own gradients?")
+SCHEDULE = (r"schedul", r"learning[- ]rate", r"\blr\b", r"warm[- ]?up")
+REF_MODEL = (r"ref(erence)?[ _-]?(model|policy|log[- ]?probs?|logps?|logits)", r"precomput")
+
+EXPECTED: dict[str, str] = {
+    "ring_attn.pos_local": "position ids not offset by the rank's sequence block (local positions)",
+    "ring_attn.causal_all_blocks": "causal masking: later ranks' K/V blocks attended (future tokens)",
+    "ring_attn.diag_mask_off": "causal mask missing on the own (diagonal) block",
+    "ring_attn.no_rescale": "online-softmax merge: accumulator not rescaled when the running max changes",
+    "ring_attn.kv_detached": "K/V passed without autograd: their gradients do not travel back round the ring",
+    "ring_attn.loss_local_mean": "loss normalised by the rank's token count instead of the global count",
+    "ring_attn.grads_averaged": "gradients divided by W although the loss already uses the global count",
+    "ring_attn.ln_not_reduced": "LayerNorm gradients not all-reduced over the context-parallel ranks",
+    "dlrm_tw.emb_grads_not_scaled": "embedding-table gradients not divided by W (summed over ranks)",
+    "dlrm_tw.top_not_reduced": "top MLP gradients not all-reduced",
+    "dlrm_tw.dense_grad_sum": "dense gradients summed, not averaged (not divided by W)",
+    "dlrm_tw.a2a_no_permute": "all_to_all output reshaped without the permute (batch rows and tables mixed)",
+    "dlrm_tw.tables_round_robin": "table-to-rank assignment (round robin) does not match the a2a reorder",
+    "dlrm_tw.init_local_only": "tables initialised per rank from the seed: wrong initial values",
+    "dlrm_tw.allreduce_all_params": "sharded embedding tables' gradients all-reduced with other ranks' tables",
+    "grpo_adv.slice_by_generations": "wrong slice of the gathered advantages (offset rank * G)",
+    "grpo_adv.batch_std_local": "advantage std taken over local rewards, not the gathered batch",
+    "grpo_adv.group_mean_repeat": "group means expanded with repeat, not repeat_interleave (misaligned baseline)",
+    "grpo_adv.token_mean_local": "loss normalised over the rank's tokens instead of per-sequence means",
+    "grpo_adv.mask_excludes_eos": "completion mask excludes the EOS token",
+    "grpo_adv.logits_not_shifted": "log-probs from unshifted logits (off by one position)",
+    "grpo_adv.no_ddp": "gradients not all-reduced (no DDP)",
+    "seg_aux.plain_bn": "BatchNorm not synchronised: local batch statistics",
+    "seg_aux.syncbn_avg_var": "synchronised BatchNorm variance wrong (average of local variances)",
+    "seg_aux.syncbn_no_bwd_reduce": "synchronised BatchNorm backward lacks the all-reduce of the statistics' gradients",
+    "seg_aux.poly_total_dataset": "poly lr schedule length from the dataset, not the rank's loader",
+    "seg_aux.ignore_as_background": "ignored pixels (255) remapped to class 0: ignore_index lost",
+    "seg_aux.no_set_epoch": "sampler.set_epoch missing: the data order of later epochs differs",
+    "seg_aux.no_train_after_eval": "model left in eval mode after the evaluation",
+    "sched_accum.sched_step_micro": "scheduler stepped per micro-batch, not per optimizer update",
+    "sched_accum.warmup_in_micro": "warm-up / milestone length in micro-batches, stepped per update",
+    "sched_accum.t0_from_dataset": "cosine restart period T_0 from the global dataset, not the rank's loader",
+    "sched_accum.no_sync_last": "no_sync on the wrong micro-batch: the last micro-batch's gradient not all-reduced",
+    "sched_accum.clip_each_micro": "gradient clipping on every micro-batch's partial gradients",
+    "sched_accum.sequential_double_step": "the inner cosine scheduler stepped as well as SequentialLR",
+    "sched_accum.sampler_seed_rank": "DistributedSampler seeded per rank: ranks' shards overlap",
+    "dpo_pairs.pairs_split_across_ranks": "stacked chosen/rejected batch split across ranks: pairs broken",
+    "dpo_pairs.logps_mean": "sequence log-probs averaged over tokens instead of summed",
+    "dpo_pairs.pad_in_labels": "padding tokens not masked out of the labels",
+    "dpo_pairs.ref_logps_unsliced": "precomputed reference log-probs read at the wrong (unsliced) offset",
+    "dpo_pairs.loss_sum": "per-pair losses summed instead of averaged",
+    "dpo_pairs.ref_from_current_policy": "reference log-probs recomputed from the current policy, not the initial one",
+}
+
+RUBRIC: dict[str, tuple[str, ...]] = {
+    "ring_attn.pos_local": (r"position", r"pos(ition)?[_ ]?ids?\b",
+                            r"(sequence|token|shard|block|chunk)[^.]{0,30}offset", r"offset[^.]{0,30}(sequence|token|position)"),
+    "ring_attn.causal_all_blocks": (r"causal", r"future (token|position|block|key)s?", r"attention mask",
+                                    r"mask(ed|ing)?[^.]{0,30}(attention|block|key|kv|k/v)"),
+    "ring_attn.diag_mask_off": (r"causal", r"future (token|position|block|key)s?", r"attention mask",
+                                r"mask(ed|ing)?[^.]{0,30}(attention|block|key|kv|k/v|diagonal)"),
+    "ring_attn.no_rescale": (r"softmax", r"rescal", r"log-?sum-?exp|\blse\b", r"running (max|sum)",
+                             r"(merg|combin)\w* (of )?(the )?(block|partial|attention)"),
+    "ring_attn.kv_detached": (r"detach", r"no (autograd|grad_fn|backward)",
+                              r"(gradient|grad)s? (of|for|through|to) (the )?(k\b|v\b|keys?|values?|kv|k/v|send|recv|ring|p2p)",
+                              r"(send|recv|isend|irecv|p2p|ring)[^.]{0,40}(gradient|backward|autograd)",
+                              r"backward[^.]{0,40}(send|recv|communicat|ring)",
+                              r"without (autograd|gradient)", r"(gradient|grad)s?[^.]{0,40}(ring|p2p|send|recv)"),
+    "ring_attn.loss_local_mean": (r"(loss|token)[^.]{0,40}(normali[sz]|divid|mean|averag|count|denominator)",
+                                  r"(normali[sz]\w*|divid\w*|denominator|token count)[^.]{0,40}(loss|token)",
+                                  r"ignore[_ ]index|-100", r"num_items_in_batch", r"per[- ]rank (mean|average)"),
+    "ring_attn.grads_averaged": (r"(divid|averag|scal|mean)\w*[^.]{0,50}(world|ranks|\bw\b|1/\d|factor|by \d)",
+                                 r"(averag|divid|mean)\w*[^.]{0,30}(instead|not|rather)[^.]{0,20}sum",
+                                 r"(loss|gradient)s?[^.]{0,40}(twice|double|too small|smaller)"),
+    "ring_attn.ln_not_reduced": (r"layer ?norm", r"norm (weight|param)") + NO_SYNC,
+    "dlrm_tw.emb_grads_not_scaled": (r"(embedding|table|emb)[^.]{0,60}(divid|scal|averag|summ|times|world|factor|too large|larger)",
+                                     r"(divid|scal|averag|summ)\w*[^.]{0,60}(embedding|table)") + NOT_DIVIDED,
+    "dlrm_tw.top_not_reduced": NO_SYNC,
+    "dlrm_tw.dense_grad_sum": NOT_DIVIDED,
+    "dlrm_tw.a2a_no_permute": (r"all[-_ ]?to[-_ ]?all|\ba2a\b", r"permut|transpos|reshap|\bview\b|layout|reorder|interleav",
+                               r"order of (the )?(rows|tables|chunks|blocks|features)"),
+    "dlrm_tw.tables_round_robin": (r"table[^.]{0,40}(order|assign|own|placement|shard|which|permut|swap|rank)",
+                                   r"(order|assign|placement|permut)\w*[^.]{0,40}(table|shard|feature|embedding)",
+                                   r"round[- ]robin|strided|interleav"),
+    "dlrm_tw.init_local_only": (r"init", r"seed", r"(starting|initial) (value|param|weight|state)"),
+    "dlrm_tw.allreduce_all_params": (r"(shard\w*|table|embedding|model[- ]parallel|not replicated|owned)[^.]{0,60}(all[- _]?reduc|averag|sync|reduc|summ|mix)",
+                                     r"(all[- _]?reduc\w*|averag\w*|sync\w*)[^.]{0,60}(shard|table|embedding|not replicated|owned)"),
+    "grpo_adv.slice_by_generations": (r"slic", r"offset", r"off[- ]by", r"process[_ ]index",
+                                      r"(wrong|another|other|neighbou?r)[^.]{0,20}(rank|process)'?s? (block|rows|portion|part|data|samples|share)"),
+    "grpo_adv.batch_std_local": (r"(reward|advantage)s?[^.]{0,40}(std|standard deviation|normali|scal|statist|local|gather)",
+                                 r"(\bstd\b|standard deviation|normali[sz]\w*|statistic\w*|whiten\w*)[^.]{0,40}(reward|advantage|local|rank|gather|global)"),
+    "grpo_adv.group_mean_repeat": (r"repeat|interleav", r"group[^.]{0,30}(mean|baseline|align|order)", r"baseline",
+                                   r"(mean|average)[^.]{0,30}group"),
+    "grpo_adv.token_mean_local": (r"(loss|token)[^.]{0,40}(normali[sz]|divid|mean|averag|count|denominator|aggregat)",
+                                  r"(normali[sz]\w*|divid\w*|denominator|aggregat\w*)[^.]{0,40}(loss|token)",
+                                  r"per[- ](sequence|sample|token)", r"(sequence|token)[- ]level"),
+    "grpo_adv.mask_excludes_eos": (r"mask", r"\beos\b|end[- ]of[- ]sequence"),
+    "grpo_adv.logits_not_shifted": (r"shift", r"off[- ]by[- ]one", r"(one|1) position", r"(next|previous)[- ]token", r"align"),
+    "grpo_adv.no_ddp": (r"\bddp\b|distributeddataparallel|data[- ]parallel wrap",) + NO_SYNC,
+    "seg_aux.plain_bn": (r"sync ?batch ?norm|syncbn|batch ?norm|\bbn\b", r"batch statistic", r"running (mean|var|stat)"),
+    "seg_aux.syncbn_avg_var": (r"sync ?batch ?norm|syncbn|batch ?norm|\bbn\b", r"variance|\bvar\b", r"batch statistic"),
+    "seg_aux.syncbn_no_bwd_reduce": (r"sync ?batch ?norm|syncbn|batch ?norm|\bbn\b", r"statistic",
+                                     r"(backward|gradient)[^.]{0,40}(all[- _]?reduc|reduc|sync|collective)",
+                                     r"(all[- _]?reduc\w*|collective)[^.]{0,40}(backward|gradient)"),
+    "seg_aux.poly_total_dataset": SCHEDULE + (r"poly", r"total[_ ]?(iter|step)", r"decay"),
+    "seg_aux.ignore_as_background": (r"ignore", r"\b255\b", r"void",
+                                     r"(label|target)s?[^.]{0,40}(map|remap|chang|replac|modif|class 0|background)"),
+    "seg_aux.no_set_epoch": (r"set_epoch", r"shuffl", r"sampler", r"data order|order of (the )?(data|samples|batches)",
+                             r"(different|wrong|same|repeated) (data|samples|batches|inputs|order)"),
+    "seg_aux.no_train_after_eval": (r"eval(uation)?[- ]mode|\.eval\(\)|\.train\(\)|train(ing)?[- ]mode", r"running (mean|var|stat)"),
+    "sched_accum.sched_step_micro": SCHEDULE + (r"micro[- ]?batch",),
+    "sched_accum.warmup_in_micro": SCHEDULE + (r"milestone",),
+    "sched_accum.t0_from_dataset": SCHEDULE + (r"t_0", r"restart", r"cosine", r"period|cycle"),
+    "sched_accum.no_sync_last": (r"no_sync", r"accumulat") + NO_SYNC,
+    "sched_accum.clip_each_micro": (r"clip", r"grad(ient)?[- _]norm", r"max[_ ]norm"),
+    "sched_accum.sequential_double_step": SCHEDULE + (r"cosine", r"(stepped|called) twice", r"double"),
+    "sched_accum.sampler_seed_rank": (r"sampler", r"seed", r"shuffl", r"overlap|duplicat|partition",
+                                      r"(data|sample|shard)s?[^.]{0,30}(differ|wrong|order)"),
+    "dpo_pairs.pairs_split_across_ranks": (r"pair", r"chosen|rejected",
+                                           r"(data|batch|sample|row)s?[^.]{0,40}(shard|split|layout|order|assign|partition)",
+                                           r"(shard\w*|split\w*|partition\w*) (of )?(the )?(data|batch|input)"),
+    "dpo_pairs.logps_mean": (r"(log[- ]?prob|logp|log[- ]likelihood)[^.]{0,40}(mean|averag|sum|normali|divid|length)",
+                             r"(mean|averag|sum|normali[sz])\w*[^.]{0,40}(log[- ]?prob|logp|token)",
+                             r"length[- ]normali", r"per[- ]token"),
+    "dpo_pairs.pad_in_labels": (r"pad", r"mask", r"-100|ignore[_ ]index", r"label[^.]{0,30}(pad|mask|ignore)"),
+    "dpo_pairs.ref_logps_unsliced": REF_MODEL + (r"slic|offset|misalign",
+                                                 r"(wrong|another|other) rank'?s? (data|rows|samples|pairs|share|block)"),
+    "dpo_pairs.loss_sum": (r"(loss|gradient)[^.]{0,40}(\bsum|mean|averag|scal|normali|divid|reduction|too large|larger|factor)",
+                           r"(\bsum\w*|mean|averag\w*|reduction)[^.]{0,40}loss"),
+    "dpo_pairs.ref_from_current_policy": REF_MODEL + (r"(initial|frozen|stale|current|updated) (policy|model|weights)",
+                                                      r"no_grad|detach"),
+}
+
+
+def right(bug_id: str, cause: str | None) -> bool:
+    """Whether ``cause`` (a "likely cause" line) names the first cause of ``bug_id`` (family.bug)."""
+    if not cause:
+        return False
+    low = cause.lower()
+    return any(re.search(rx, low) for rx in RUBRIC[bug_id])
