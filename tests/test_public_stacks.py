@@ -52,10 +52,19 @@ def test_replicas_that_differ_are_the_first_cause_by_their_phase(dist, family, b
 @pytest.mark.parametrize("family, bug, cause", [
     ("set1.moe_ep", "expert_grad_allreduced", "the experts' gradients are all-reduced over ranks that hold other experts"),
     ("set2.moe_top2", "capacity_global", "the expert-parallel layer routes or combines tokens otherwise"),
+    ("set7.dlrm_tw", "a2a_no_permute", "the layer whose parts each rank holds alone (tables or a layer placed per "
+                                       "rank, exchanged with all_to_all) routes or combines its rows otherwise"),
+    ("set7.dlrm_tw", "allreduce_all_params", "the gradients of tensors each rank holds alone (not replicas) are "
+                                             "all-reduced with other ranks' different tensors"),
+    ("set7.dlrm_tw", "dense_grad_sum", "the gradients of some modules are world size x the reference's (summed over "
+                                       "the ranks, never divided by the world size)"),
 ])
 def test_an_expert_parallel_bug_is_said_for_the_layout_found(dist, family, bug, cause):
     """Where the ranks hold experts of their own beside shared layers, a loss or an expert gradient that
-    differs with the same weights is said for that layout, not as a loss normalised by a local count."""
+    differs with the same weights is said for that layout, not as a loss normalised by a local count;
+    where the parts each rank holds alone are not named experts (DLRM's embedding tables, sharded
+    table-wise), in words that do not call them experts. Gradients off by exactly the world size in some
+    modules are said as a sum never divided."""
     fam = importlib.import_module(f"benchmarks.heldout.{family}")
     with pytest.raises(ParityError) as info:
         dist.assert_same_training(functools.partial(fam.train, bug=bug), fam.reference, dist.world_size,

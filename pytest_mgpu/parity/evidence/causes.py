@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Callable, Final, List, Optional, Tuple
 
 from . import conduct, gradients, inputs, loss, state, update
+from .conditions import (always, below, experts, experts_only, inverse, local_batch, owned_parts, passes, scaled,
+                         scaler_order, world)
 from .facts import UserFacts
 from .finding import Finding, Report
 from .located import located
@@ -16,70 +18,6 @@ from .possible import possible_causes
 
 Test = Callable[[Finding, UserFacts], bool]
 EVIDENCE: Final = 240  # characters of a finding's evidence said before its location (the line keeps both)
-
-
-def _near(k: float, target: float) -> bool:
-    return target > 0 and math.isfinite(k) and abs(k / target - 1) < 0.02
-
-
-def world(x: Finding, f: UserFacts) -> bool:
-    return f.world_size > 1 and _near(x.value, f.world_size)
-
-
-def inverse(x: Finding, f: UserFacts) -> bool:
-    return f.world_size > 1 and _near(x.value, 1 / f.world_size)
-
-
-def passes(x: Finding, f: UserFacts) -> bool:
-    return f.rank_backwards > 1 and _near(x.value, f.rank_backwards)
-
-
-def local_batch(x: Finding, f: UserFacts) -> bool:
-    rows = len(f.rank_rows[0][0]) if f.rank_rows and f.rank_rows[0] and f.rank_rows[0][0] else 0
-    return rows > 1 and _near(x.value, rows)
-
-
-def scale_of(f: UserFacts, step: int) -> float:
-    """The GradScaler scale rank 0 scaled its loss by at ``step``, else the reference's (NaN: no scaler)."""
-    per_rank = f.rank_scaler[step] if step < len(f.rank_scaler) else []
-    mine = float(per_rank[0][0]) if per_rank and per_rank[0] else math.nan
-    ref = f.ref_scaler[step] if step < len(f.ref_scaler) else ()
-    return mine if math.isfinite(mine) or not ref else float(ref[0])
-
-
-def scaled(x: Finding, f: UserFacts) -> bool:
-    """The factor is the ranks' GradScaler scale (or its inverse): gradients or norms still scaled."""
-    k = scale_of(f, x.step)
-    return math.isfinite(k) and k > 1 and (_near(x.value, k) or _near(x.value, 1 / k))
-
-
-def scaler_order(f: UserFacts, step: int) -> str:
-    """The ranks' GradScaler scale and what their step did with it, in order: ``65536, with
-    clip_grad_norm_ before scaler.unscale_``."""
-    per_rank = f.rank_scaler[step] if step < len(f.rank_scaler) else []
-    order = list(per_rank[0][1]) if per_rank and per_rank[0] else []
-    said = f"{scale_of(f, step):g}"
-    if "clip" in order and "unscale_" in order:
-        first = order.index("clip") < order.index("unscale_")
-        return said + (", with clip_grad_norm_ before scaler.unscale_" if first else
-                       ", with scaler.unscale_ before clip_grad_norm_")
-    if "clip" in order:
-        return said + ", with clip_grad_norm_ and no scaler.unscale_ in the step"
-    return said
-
-
-def experts_only(x: Finding, f: UserFacts) -> bool:
-    """Expert parallel, and every module the finding names holds only experts' tensors (none shared)."""
-    return bool(f.shared) and bool(x.names) and not any(
-        s == m or s.startswith(m + ".") for m in x.names for s in f.shared)
-
-
-def below(x: Finding, f: UserFacts) -> bool:
-    return math.isfinite(x.value) and x.value < 1
-
-
-def always(x: Finding, f: UserFacts) -> bool:
-    return True
 
 
 @dataclass(frozen=True)
@@ -223,7 +161,13 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "all-reduced dispatch fractions, each token sent to the rank that holds its expert and its output put back "
           "in its place", "With the same weights and rows the loss differs: the capacity "
           "(which tokens are dropped), the router's noise, the auxiliary loss or the dispatch and combine see each "
-          "rank's tokens only.", lambda x, f: bool(f.shared)),
+          "rank's tokens only.", lambda x, f: experts(f)),
+    Cause("loss-other", "the layer whose parts each rank holds alone (tables or a layer placed per rank, exchanged with "
+          "all_to_all) routes or combines its rows otherwise than the reference", "send each row to the rank that "
+          "holds its part and put the results back in the reference's order (the all_to_all's split sizes, and a "
+          "permute of its output from [ranks, batch, ...] to [batch, ranks, ...] before a view), with the parts "
+          "placed on the ranks as the exchange assumes", "With the same weights and rows the loss differs: the "
+          "exchange between the ranks sends, orders or combines rows otherwise.", lambda x, f: bool(f.shared)),
     Cause("loss-other", "the ranks compute the loss otherwise (normalised by a local count, or missing other ranks' "
           "terms)", "normalise by the global count (all_reduce it), gather what the loss needs from every rank with "
           "torch.distributed.nn.functional.all_gather (it carries gradients), and reduce as the reference does",
@@ -281,6 +225,14 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "function all_reduces in its forward only, the copy-to-region one in its backward only", "An all_reduce in "
           "both the forward and the backward of a region function, or a sum over the ranks where each already holds "
           "the whole gradient, multiplies it by the group size.", lambda x, f: bool(f.hand_sharded) and world(x, f)),
+    Cause("grads-modules", "the gradients of some modules are world size x the reference's (summed over the ranks, "
+          "never divided by the world size)", "divide those modules' summed gradients by the world size (or "
+          "all_reduce them with ReduceOp.AVG), as the other modules' are", "A SUM all_reduce, or a backward that sums "
+          "every rank's contributions, with no division after it.", lambda x, f: not f.hand_sharded and world(x, f)),
+    Cause("grads-modules", "the gradients of some modules are 1/world size of the reference's (divided by the world "
+          "size once too often, or averaged where the reference sums)", "divide those modules' gradients once, as "
+          "the other modules' are", "A gradient averaged twice: by an all_reduce AVG or DDP, and again by hand.",
+          lambda x, f: not f.hand_sharded and inverse(x, f)),
     Cause("grads-modules", "gradients of some modules are reduced otherwise", "reduce those modules' gradients as "
           "the others' (divide a SUM by the ranks that share them)", "Expert or shared parameters summed or "
           "divided by another factor.", lambda x, f: x.value != 1.0),
@@ -295,7 +247,11 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "experts mixed)", "leave each "
           "expert's gradient to the rank that holds it (keep expert parameters out of the data-parallel all_reduce), "
           "scaled as the reference's", "Each rank holds its own experts: an all_reduce over their gradients mixes "
-          "unrelated tensors.", lambda x, f: experts_only(x, f)),
+          "unrelated tensors.", lambda x, f: experts_only(x, f) and experts(f)),
+    Cause("grads-modules", "the gradients of tensors each rank holds alone (not replicas) are all-reduced with other "
+          "ranks' different tensors", "leave the gradients of the parts each rank holds alone out of the "
+          "data-parallel all_reduce (reduce only the shared, replicated tensors)", "An all_reduce over every "
+          "parameter mixes tensors that only have the same shape.", owned_parts),
     Cause("grads-modules", "some modules get no gradient or another one", "keep those modules in the graph as the "
           "reference does (no detach/no_grad, the same requires_grad)", "A detached branch, frozen parameters, a "
           "module skipped or computed otherwise on the ranks."),

@@ -59,6 +59,8 @@ def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Lay
     facts.ref_scaler = [s.scaler for s in ref.steps]
     facts.partial_ranks = len(layout.stages) > 1
     facts.shared = sorted(layout.shared) if layout.expert_parallel else []
+    facts.owned = sorted(set(ranks[0].steps[0].params) - layout.shared) \
+        if layout.expert_parallel and ranks and ranks[0].steps else []
     facts.recomputed = any(side.recomputed for side in ranks)
     facts.shards_apart = shards_apart(ranks[0].steps[0].params, ref.steps[0].params, len(ranks)) \
         if ranks and ranks[0].steps and ref.steps else []

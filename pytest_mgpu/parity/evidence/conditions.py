@@ -1,0 +1,84 @@
+"""When a cause applies: tests on a finding and the run's facts (an exact factor equal to the world size,
+its inverse, the backward passes, the local batch or a GradScaler's scale; the layout the ranks hold),
+read by the table of causes (``causes.py``)."""
+from __future__ import annotations
+
+import math
+
+from .facts import UserFacts
+from .finding import Finding
+
+
+def _near(k: float, target: float) -> bool:
+    return target > 0 and math.isfinite(k) and abs(k / target - 1) < 0.02
+
+
+def world(x: Finding, f: UserFacts) -> bool:
+    return f.world_size > 1 and _near(x.value, f.world_size)
+
+
+def inverse(x: Finding, f: UserFacts) -> bool:
+    return f.world_size > 1 and _near(x.value, 1 / f.world_size)
+
+
+def passes(x: Finding, f: UserFacts) -> bool:
+    return f.rank_backwards > 1 and _near(x.value, f.rank_backwards)
+
+
+def local_batch(x: Finding, f: UserFacts) -> bool:
+    rows = len(f.rank_rows[0][0]) if f.rank_rows and f.rank_rows[0] and f.rank_rows[0][0] else 0
+    return rows > 1 and _near(x.value, rows)
+
+
+def scale_of(f: UserFacts, step: int) -> float:
+    """The GradScaler scale rank 0 scaled its loss by at ``step``, else the reference's (NaN: no scaler)."""
+    per_rank = f.rank_scaler[step] if step < len(f.rank_scaler) else []
+    mine = float(per_rank[0][0]) if per_rank and per_rank[0] else math.nan
+    ref = f.ref_scaler[step] if step < len(f.ref_scaler) else ()
+    return mine if math.isfinite(mine) or not ref else float(ref[0])
+
+
+def scaled(x: Finding, f: UserFacts) -> bool:
+    """The factor is the ranks' GradScaler scale (or its inverse): gradients or norms still scaled."""
+    k = scale_of(f, x.step)
+    return math.isfinite(k) and k > 1 and (_near(x.value, k) or _near(x.value, 1 / k))
+
+
+def scaler_order(f: UserFacts, step: int) -> str:
+    """The ranks' GradScaler scale and what their step did with it, in order: ``65536, with
+    clip_grad_norm_ before scaler.unscale_``."""
+    per_rank = f.rank_scaler[step] if step < len(f.rank_scaler) else []
+    order = list(per_rank[0][1]) if per_rank and per_rank[0] else []
+    said = f"{scale_of(f, step):g}"
+    if "clip" in order and "unscale_" in order:
+        first = order.index("clip") < order.index("unscale_")
+        return said + (", with clip_grad_norm_ before scaler.unscale_" if first else
+                       ", with scaler.unscale_ before clip_grad_norm_")
+    if "clip" in order:
+        return said + ", with clip_grad_norm_ and no scaler.unscale_ in the step"
+    return said
+
+
+def experts_only(x: Finding, f: UserFacts) -> bool:
+    """Expert parallel, and every module the finding names holds only experts' tensors (none shared)."""
+    return bool(f.shared) and bool(x.names) and not any(
+        s == m or s.startswith(m + ".") for m in x.names for s in f.shared)
+
+
+def experts(f: UserFacts) -> bool:
+    """Each rank holds parts of its own beside shared tensors, and the user's names call them experts."""
+    return bool(f.shared) and any("expert" in name.lower() for name in f.owned)
+
+
+def owned_parts(x: Finding, f: UserFacts) -> bool:
+    """As ``experts_only``, where the parts each rank holds alone are not named experts (embedding tables
+    sharded table-wise, a layer placed per rank)."""
+    return experts_only(x, f) and not experts(f)
+
+
+def below(x: Finding, f: UserFacts) -> bool:
+    return math.isfinite(x.value) and x.value < 1
+
+
+def always(x: Finding, f: UserFacts) -> bool:
+    return True
