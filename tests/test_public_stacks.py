@@ -85,3 +85,18 @@ def test_a_last_backward_with_gradient_sync_off_is_named(dist, family, bug):
     line = str(info.value).splitlines()[1]
     assert line.startswith("likely cause: the step's last backward ran with gradient synchronisation off"), line
     assert f"at {family.split('.')[1]}.py:" in line, line
+
+
+@world_sizes(2)
+def test_ranks_fed_their_part_of_every_sequence_are_judged_as_context_parallel(dist):
+    """Ring attention by hand (``benchmarks/heldout/set7/ring_attn.py``): each rank fed part r of every row;
+    the correct loop passes with that layout named, and a causal mask applied per block (not by global
+    position) is said as the attention across the parts, not as a batch of another size."""
+    fam = importlib.import_module("benchmarks.heldout.set7.ring_attn")
+    report = dist.assert_same_training(fam.train, fam.reference, dist.world_size, steps=fam.STEPS, record="optimizer")
+    assert report.passed and any("along the sequence: context parallel" in n for n in report.notes), report.notes
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(functools.partial(fam.train, bug="causal_all_blocks"), fam.reference,
+                                  dist.world_size, steps=fam.STEPS, record="optimizer")
+    line = str(info.value).splitlines()[1]
+    assert line.startswith("likely cause: the attention across the ranks' parts of the sequence computes otherwise"), line

@@ -47,6 +47,7 @@ class UserFacts(RunFacts):
     ref_modes: List[tuple] = field(default_factory=list)  # per step: the reference's
     recomputed: bool = False  # the ranks recompute forwards inside backward (activation checkpointing)
     shared: List[str] = field(default_factory=list)  # expert parallel: the tensors every rank holds (the rest: experts)
+    sequence_split: int = 0  # W where each rank fed part r of W of every reference row (context parallel), else 0
     owned: List[str] = field(default_factory=list)  # beside ``shared``: the tensors rank 0 holds alone (experts, tables)
     partial_ranks: bool = False  # each rank holds part of the model (pipeline stages, experts): its optimizer too
     shards_apart: List[int] = field(default_factory=list)  # ranks whose dim-0 shard of the step-0 weights alone differs

@@ -10,7 +10,7 @@ from ..judge.vacuous import never_moved, zero_grads
 from ..record.recorder import SideLog
 from .facts import REFERENCE, UserFacts
 from .gradients import carried_over
-from .inputs import tp_rows_differ
+from .inputs import sequence_split, tp_rows_differ
 
 
 def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Layout) -> None:
@@ -57,10 +57,7 @@ def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Lay
     facts.ref_where = [s.where for s in ref.steps]
     facts.rank_scaler = [[side.steps[i].scaler for side in ranks] for i in range(steps)]
     facts.ref_scaler = [s.scaler for s in ref.steps]
-    facts.partial_ranks = len(layout.stages) > 1
-    facts.shared = sorted(layout.shared) if layout.expert_parallel else []
-    facts.owned = sorted(set(ranks[0].steps[0].params) - layout.shared) \
-        if layout.expert_parallel and ranks and ranks[0].steps else []
+    _holdings(facts, ranks, ref, layout)
     facts.recomputed = any(side.recomputed for side in ranks)
     facts.shards_apart = shards_apart(ranks[0].steps[0].params, ref.steps[0].params, len(ranks)) \
         if ranks and ranks[0].steps and ref.steps else []
@@ -78,6 +75,19 @@ def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Lay
                if t is not None and t.is_floating_point() and not bool(t.isfinite().all())]
         if bad and not (who != REFERENCE and any(w != REFERENCE for w in facts.nonfinite)):
             facts.nonfinite[who] = bad  # the reference, and the first rank that has some
+
+
+def _holdings(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Layout) -> None:
+    """What each rank holds and feeds: parts of the model (stages, experts or tables held alone beside
+    shared tensors), parts of every row (a sequence split)."""
+    facts.sequence_split = sequence_split([s.chunks for s in ref.steps], facts.rank_rows)
+    if facts.sequence_split:
+        facts.loop_notes.append(f"each rank fed its part of every row of the reference's batch (rank r: part r of "
+                                f"{facts.sequence_split}, along the sequence: context parallel), judged as that batch")
+    facts.partial_ranks = len(layout.stages) > 1
+    facts.shared = sorted(layout.shared) if layout.expert_parallel else []
+    facts.owned = sorted(set(ranks[0].steps[0].params) - layout.shared) \
+        if layout.expert_parallel and ranks and ranks[0].steps else []
 
 
 def _factors(step) -> List[float]:

@@ -6,7 +6,7 @@ called, or a data iterator restarted). Rows are compared as fingerprints (``reco
 from __future__ import annotations
 
 from collections import Counter
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from .facts import REFERENCE, UserFacts
 from .finding import Finding
@@ -33,7 +33,24 @@ def _group_rows(f: UserFacts, ranks: List[List[float]]) -> List[List[float]]:
     return out
 
 
+def sequence_split(ref_chunks: List[Dict[int, List[float]]], rank_rows: List[List[List[float]]]) -> int:
+    """W where, at every step with rows, rank r of W fed part r of each of the reference's rows (its rows'
+    W equal contiguous parts: the sequence split of context parallelism); 0 where not (or at no step)."""
+    seen = 0
+    for chunks, ranks in zip(ref_chunks, rank_rows):
+        world = len(ranks)
+        parts = chunks.get(world, []) if world > 1 else []
+        if not parts or not all(ranks):
+            continue
+        if any(_key(rows) != _key(parts[r::world]) for r, rows in enumerate(ranks)):
+            return 0
+        seen += 1
+    return len(rank_rows[0]) if seen else 0
+
+
 def _rows(f: UserFacts) -> Optional[Finding]:
+    if f.sequence_split:
+        return None  # each rank fed its part of every row: the batch is the reference's
     for step, (ref, ranks) in enumerate(zip(f.ref_rows, f.rank_rows)):
         if not ref or not all(ranks):
             continue

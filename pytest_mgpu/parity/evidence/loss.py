@@ -11,6 +11,7 @@ from .facts import UserFacts
 from .finding import Finding, Report, factor_words, over
 
 EXACT = 1e-4  # relative: a factor read from the losses of every step alike
+SPLIT_SUM = 1e-5  # relative: the ranks' parts of one sequence add up to the reference's loss (roundoff apart)
 
 
 def findings(report: Report, f: UserFacts) -> List[Finding]:
@@ -33,7 +34,7 @@ def _factor(report: Report, f: UserFacts) -> Optional[Finding]:
     """Step 0's loss (same weights on both sides) off by the world size, its inverse, or the backward passes,
     where step 0's gradients differ too: a loss scaled before backward scales them; a loss off by a factor
     beside gradients that agree was counted otherwise (summed over other backward passes), not trained so."""
-    if f.world_size < 2 or f.tensor_parallel:
+    if f.world_size < 2 or f.tensor_parallel or f.sequence_split:
         return None  # tensor/sequence-parallel peers hold parts of one loss: no replica mean to scale
     if trained_alike(report, f, 0):
         return None
@@ -80,8 +81,10 @@ def _other(report: Report, f: UserFacts) -> Optional[Finding]:
         if over(report, step, "param"):
             return None  # the weights differ first: the state or an update explains it
         bad = over(report, step, "loss") + over(report, step, "output")
+        k = loss_factor(f, step)
+        if f.sequence_split and math.isfinite(k) and any(abs(k * t - 1) < SPLIT_SUM for t in (f.sequence_split, 1)):
+            continue  # the parts' losses add up to the reference's (a sum over the sequence's parts) or average to it
         if bad and not trained_alike(report, f, step):
-            k = loss_factor(f, step)
             shown = f" ({k:.4g}x the reference's)" if math.isfinite(k) else ""
             return Finding(step, "loss", "all tensors", "loss-other",
                            f"at step {step} the weights agree but the loss differs{shown}", value=k)

@@ -47,7 +47,11 @@ def compare_sides(mapped: Mapped, ref: SideResult, name: str) -> RankResult:
             rec.errors += _against_reference(kind, layout, logs, getattr(want, kind + "s"))
         _attach(rec.errors, shadow, twin)
         records.append(rec)
-    facts.loop_notes = loop_notes(ranks, ref.side, layout) + mapped.notes
+    notes = loop_notes(ranks, ref.side, layout)
+    if facts.sequence_split:  # the replicas' rows are parts of the reference's rows, not rows of its batch
+        notes = [n.replace("their rows together against the reference's batch", "each fed its part of every row")
+                 for n in notes]
+    facts.loop_notes = notes + mapped.notes + facts.loop_notes
     return RankResult(records, facts)
 
 

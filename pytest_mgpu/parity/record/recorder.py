@@ -43,6 +43,7 @@ class StepLog:
     modes: Tuple[int, int] = (0, 0)  # (in eval mode, in all) among the BatchNorm and dropout modules
     where: Dict[str, Tuple[str, ...]] = field(default_factory=dict)  # hook kind -> "file:line" in the loop (where.py)
     scaler: Tuple[float, Tuple[str, ...]] = (float("nan"), ())  # a GradScaler's scale, its scale/unscale_/clip order
+    chunks: Dict[int, List[float]] = field(default_factory=dict)  # k -> the rows' k equal parts' fingerprints
 
     def __reduce__(self):
         """Crosses back packed: every tensor of a step in one flat buffer per dtype. Measured on the
@@ -50,7 +51,7 @@ class StepLog:
         0.02 s (a parity call moves one such record per rank, and one for the reference)."""
         return unpack_step, (self.loss, pack(self.grads), pack(self.params), self.rows, self.backwards, self.lrs,
                              self.clips, self.state, self.hyper, self.untrained, self.raw_norm, self.zeroed, self.modes,
-                             self.where, self.scaler)
+                             self.where, self.scaler, self.chunks)
 
 
 def pack(tensors: Dict[str, Any]):
@@ -88,10 +89,10 @@ def unpack(packed) -> Dict[str, Any]:
 
 def unpack_step(loss: float, grads, params, rows, backwards=1, lrs=(), clips=(), state=(0, -1.0), hyper=(),
                 untrained=None, raw_norm=float("nan"), zeroed=(), modes=(0, 0), where=None,
-                scaler=(float("nan"), ())) -> "StepLog":
+                scaler=(float("nan"), ()), chunks=None) -> "StepLog":
     return StepLog(loss, unpack(grads), unpack(params), rows, backwards, list(lrs), list(clips), tuple(state),
                    list(hyper), dict(untrained or {}), raw_norm, list(zeroed), tuple(modes), dict(where or {}),
-                   (scaler[0], tuple(scaler[1])))
+                   (scaler[0], tuple(scaler[1])), dict(chunks or {}))
 
 
 @dataclass
@@ -200,6 +201,7 @@ class Recorder:
         seen = self.watch.take_inputs() if self.watch is not None else None
         step = StepLog(float(loss_t.reshape(()).double().item()), grads, params, seen.rows if seen else [])
         step.where = frozen(seen.where) if seen else {}
+        step.chunks = seen.chunks if seen else {}
         self.side.steps.append(step)
         if self.on_first and len(self.side.steps) == 1:
             self.on_first(self.side)

@@ -124,7 +124,8 @@ class StepRecorder:
                                        untrained_state(prefixed(self.watch.model_roots(), merge=False), named,
                                                        list(self.watch.stateful.values())),
                                        seen.raw_norms[-1] if seen.raw_norms else float("nan"), seen.zeroed,
-                                       eval_modes(models), frozen(seen.where), (seen.scale, tuple(seen.order))))
+                                       eval_modes(models), frozen(seen.where), (seen.scale, tuple(seen.order)),
+                                       seen.chunks))
         if self.on_first and len(self.side.steps) == 1:
             self.on_first(self.side)
 

@@ -52,6 +52,7 @@ class Inputs:
     eval_rows: List[float] = field(default_factory=list)  # rows of forwards in eval mode (validation, where others train)
     scale: float = math.nan  # the GradScaler's scale its last scale(loss) multiplied by (NaN: no scaler)
     order: List[str] = field(default_factory=list)  # "scale", "unscale_", "clip" in the order the loop called them
+    chunks: Dict[int, List[float]] = field(default_factory=dict)  # k -> each row's k equal parts' fingerprints
 
     def loss(self) -> float:
         """The step's loss, combined as its gradients are: the sum of the scalars backpropagated
@@ -73,6 +74,22 @@ def fingerprint(x) -> List[float]:
         return []
     flat = x.detach().reshape(x.shape[0], -1).to("cpu", torch.float64)
     return [float(v) for v in flat @ weights(flat.shape[1])]
+
+
+SPLITS = (2, 4, 8)  # the sequence splits a row's parts are fingerprinted for (context-parallel ranks)
+
+
+def chunk_prints(x) -> Dict[int, List[float]]:
+    """k -> the fingerprints of each row's k equal contiguous parts, row by row (row 0's parts first):
+    a rank fed part r of every row (the sequence split of context parallelism) feeds rows whose
+    fingerprints are the reference's parts, since a fingerprint's vector depends on the length alone."""
+    import torch
+
+    if x.dim() < 2 or x.shape[0] == 0:
+        return {}
+    flat = x.detach().reshape(x.shape[0], -1).to("cpu", torch.float64)
+    n = flat.shape[1]
+    return {k: [float(v) for v in (flat.reshape(-1, n // k) @ weights(n // k))] for k in SPLITS if n % k == 0 and n >= k}
 
 
 @functools.lru_cache(maxsize=64)
@@ -219,10 +236,13 @@ class Watch:
         add(self._inputs.where, "forward", line)
         if not all(m.training for m in module.modules()):
             add(self._inputs.where, EVAL_FORWARD, line)  # eval() left on after a validation pass
-        rows = fingerprint(x) if x is not None and not hasattr(x, "full_tensor") else []
+        plain = x is not None and not hasattr(x, "full_tensor")
+        rows = fingerprint(x) if plain else []
         if module.training:
             self._inputs.rows += rows
             self._inputs.calls += 1
+            for k, prints in (chunk_prints(x) if plain else {}).items():
+                self._inputs.chunks.setdefault(k, []).extend(prints)
         else:
             self._inputs.eval_rows += rows
 
