@@ -189,16 +189,16 @@ def interrupted(tmp_path_factory):
     SIGKILL, the next session in that repository (collection only) starts at once. Each test reads
     its own. Their start-ups and lanes overlap instead of adding up."""
     sessions = {}
-    for sig in (signal.SIGINT, signal.SIGKILL):
-        r, record = tmp_path_factory.mktemp(f"repo{sig.value}"), tmp_path_factory.mktemp(f"record{sig.value}")
-        _make_repo(r, record)
-        (r / "work.py").write_text(WORK.format(n=2))  # the base (N=1) writes the record when set up
-        runner = Subpytest(path=r)
-        p = runner.popen("--mgpu-fallback=cpu", "--mgpu-against=HEAD", "test_perf.py")
-        sessions[sig] = (Interrupted(r, runner, []), p, record)
-    end = time.monotonic() + 240.0
-    waiting = set(sessions)
     try:
+        for sig in (signal.SIGINT, signal.SIGKILL):
+            r, record = tmp_path_factory.mktemp(f"repo{sig.value}"), tmp_path_factory.mktemp(f"record{sig.value}")
+            _make_repo(r, record)
+            (r / "work.py").write_text(WORK.format(n=2))  # the base (N=1) writes the record when set up
+            runner = Subpytest(path=r)
+            p = runner.popen("--mgpu-fallback=cpu", "--mgpu-against=HEAD", "test_perf.py")
+            sessions[sig] = (Interrupted(r, runner, []), p, record)
+        end = time.monotonic() + 240.0
+        waiting = set(sessions)
         while waiting:
             for sig in sorted(waiting):
                 done, p, record = sessions[sig]
