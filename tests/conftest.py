@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -67,8 +68,9 @@ INTERRUPTIBLE_PYTEST = ("import signal, sys, pytest; signal.signal(signal.SIGINT
 class Subpytest:
     """Runs pytest in a subprocess tagged with a unique environment token, to count what it leaves."""
 
-    def __init__(self, pytester: pytest.Pytester):
+    def __init__(self, pytester: pytest.Pytester | None = None, path: Path | None = None):
         self.pytester = pytester
+        self.path = path if path is not None else pytester.path
         self.token = f"mgpu-test-{uuid.uuid4().hex}"
 
     def env(self, **extra) -> dict:
@@ -87,7 +89,7 @@ class Subpytest:
         cmd = [sys.executable, "-c", INTERRUPTIBLE_PYTEST, "-p", "no:cacheprovider", *args]
         return subprocess.Popen(
             cmd,
-            cwd=str(self.pytester.path),
+            cwd=str(self.path),
             env=self.env(**env),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -166,3 +168,30 @@ def no_gpus(monkeypatch):
     from pytest_mgpu.devices import Hardware, usable_cpus
 
     monkeypatch.setattr(session, "detect_hardware", lambda: Hardware((), (), usable_cpus()))
+
+
+@pytest.fixture(scope="session")
+def xdist_together(tmp_path_factory):
+    """The one pytest-xdist session of every part registered in tests/xdist_together.py (see there),
+    run once per session by the first test that asks for it."""
+    from tests import xdist_together as together
+
+    path = tmp_path_factory.mktemp("xdist_together")
+    sp = Subpytest(path=path)
+    recorded = {}
+    for part in together.PARTS.values():
+        if part.recorded_first is not None:
+            (path / part.file).write_text(part.recorded_first)
+            recorded[part.file] = sp.run("--mgpu-fallback=cpu", "--mgpu-save-baselines", part.file, timeout=300)
+    for part in together.PARTS.values():
+        (path / part.file).write_text(part.text)
+    try:
+        rc, out = sp.run(*together.ARGS, *together.PARTS, timeout=400)
+        yield together.Together(path, rc, out, together.junit_cases(path / "junit.xml"),
+                                together.read_report(path / "r.json"), sp.leftovers(), recorded)
+    finally:
+        for pid in processes_with_token(sp.token):  # never leave anything behind, even on failure
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass

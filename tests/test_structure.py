@@ -8,6 +8,7 @@ import re
 import pytest
 
 from pytest_mgpu.timing.structure.golden import FORMAT
+from tests import xdist_together as together
 
 pytestmark = pytest.mark.simulate
 
@@ -265,17 +266,20 @@ def test_a_damaged_golden_file_stops_the_run_saying_what_to_do(pytester):
     result.stderr.fnmatch_lines(["*structure.json: cannot be read as JSON*record again with --mgpu-save-structure*"])
 
 
-def test_under_xdist_workers_judge_and_the_controller_reports(subpytest):
-    pytester = subpytest.pytester
-    write(pytester, SIM + DDP)
-    run(pytester, "--mgpu-save-baselines").assert_outcomes(passed=3)
-    write(pytester, SIM + DDP, cap=0.001)
-    rc, out = subpytest.run("-n", "2", "--mgpu-fallback=cpu", "-q", timeout=300)
-    assert rc == pytest.ExitCode.TESTS_FAILED, out
-    assert "2 failed, 1 passed" in out, out
-    section = out.split("pytest-mgpu structure", 1)[1]  # the controller's, from the workers' verdicts
-    for line in ("test_it.py::test_sim  simulate#0 fsdp_sim  same", "test_it.py::test_ddp[gpu2]  benchmark ddp  changed",
-                 "test_it.py::test_ddp[gpu4]  benchmark ddp  changed"):
-        assert line in section, out
-    assert out.count("If this change is intended, record it: --mgpu-save-structure") >= 2
-    assert subpytest.leftovers() == []
+XDIST = together.register("test_structure_xdist.py", MODULE.format(**dict(BASE, cap=0.001)) + SIM + DDP,
+                          recorded_first=MODULE.format(**BASE) + SIM + DDP)  # in the shared xdist session
+
+
+def test_under_xdist_workers_judge_and_the_controller_reports(xdist_together):
+    run = xdist_together
+    rc, recorded = run.recorded[XDIST]  # recorded without xdist, then judged in the shared session
+    assert rc == 0 and "3 passed" in recorded, recorded
+    assert run.rc == pytest.ExitCode.TESTS_FAILED, run.out
+    assert run.outcomes(XDIST) == {"test_sim": "passed", "test_ddp[gpu2]": "failed", "test_ddp[gpu4]": "failed"}, run.out
+    section = run.out.split("pytest-mgpu structure", 1)[1]  # the controller's, from the workers' verdicts
+    for line in (f"{XDIST}::test_sim  simulate#0 fsdp_sim  same", f"{XDIST}::test_ddp[gpu2]  benchmark ddp  changed",
+                 f"{XDIST}::test_ddp[gpu4]  benchmark ddp  changed"):
+        assert line in section, run.out
+    for w in (2, 4):
+        assert "If this change is intended, record it: --mgpu-save-structure" in run.case(XDIST, f"test_ddp[gpu{w}]").text
+    assert run.left == []

@@ -10,6 +10,7 @@ import pytest
 
 import pytest_mgpu
 from pytest_mgpu.timing.baselines import STRUCTURE_FILE
+from tests import xdist_together as together
 
 pytestmark = pytest.mark.usefixtures("no_gpus")  # timing sessions of CPU ranks, also on a GPU machine
 
@@ -112,22 +113,23 @@ def test_bad_options_are_usage_errors(pytester):
         result.stderr.fnmatch_lines([f"*{words}*"])
 
 
-def test_xdist_warns_shared_cores_and_records_every_test_once(pytester):
-    pytester.makepyfile(BODY)
-    result = pytester.runpytest_subprocess("--mgpu-fallback=cpu", "-n", "2", "--mgpu-report=r.json",
-                                           "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=TIMED, warnings=TIMED)
-    result.stdout.fnmatch_lines(["*TimingNoiseWarning*share the cores*", "*pytest-mgpu timing*",
-                                 "*measured under pytest-xdist*"])
-    doc = json.loads((pytester.path / "r.json").read_text())
-    keys = [d["key"] for d in doc["measurements"]]
-    assert len(keys) == len(set(keys)) == TIMED
-    assert {d["gate_mode"] for d in doc["measurements"]} == {"warn"}
-    assert {d["test"] for d in doc["measurements"]} == {
-        "test_xdist_warns_shared_cores_and_records_every_test_once.py::test_scaling[gpu1]",
-        "test_xdist_warns_shared_cores_and_records_every_test_once.py::test_scaling[gpu2]",
-        *(f"test_xdist_warns_shared_cores_and_records_every_test_once.py::test_curve[{s}]" for s in (1, 2, 4)),
-    }
+XDIST = together.register("test_timing_xdist.py", BODY)  # run in the session shared with the other xdist tests
+
+
+def test_xdist_warns_shared_cores_and_records_every_test_once(xdist_together):
+    run = xdist_together
+    names = ["test_scaling[gpu1]", "test_scaling[gpu2]", *(f"test_curve[{s}]" for s in (1, 2, 4))]
+    assert run.outcomes(XDIST) == dict.fromkeys(names, "passed"), run.out
+    warned = run.warned(XDIST)  # one warning per timed test, and none else
+    assert list(warned.values()) == [TIMED] and "TimingNoiseWarning" in next(iter(warned)), run.out
+    assert "share the cores" in next(iter(warned)), run.out
+    report = run.out.split("pytest-mgpu timing", 1)[1]
+    assert "measured under pytest-xdist" in report, run.out
+    keys = [d["key"] for d in run.report["measurements"]]
+    assert len(keys) == len(set(keys))  # every test of the session once
+    assert {d["gate_mode"] for d in run.report["measurements"]} == {"warn"}
+    mine = [d for d in run.report["measurements"] if d["test"].startswith(f"{XDIST}::")]
+    assert len(mine) == TIMED and {d["test"] for d in mine} == {f"{XDIST}::{name}" for name in names}
 
 
 SELECTION = """

@@ -2,15 +2,19 @@
 the test's folder: the row, "new" benchmarks, a dirty tree, errors that say what to do, and no
 worktree left behind, also after Ctrl-C or a killed session. Wall times are never asserted: a slowed
 revision is "SLOWER" or, on a machine too loaded to tell, "unstable" (never "same" or "faster")."""
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import time
+from pathlib import Path
+from typing import Optional
 
 import pytest
 
 from pytest_mgpu.timing import worktree
+from tests.conftest import Subpytest, processes_with_token
 
 WORK = '''
 import os, torch, pytest_mgpu
@@ -65,14 +69,8 @@ def worktrees(repo):
             if line.startswith("worktree ")]
 
 
-@pytest.fixture
-def repo(pytester, tmp_path):
-    """pytester's folder as a git repository: the base commit (N = 1), then a working tree with
-    uncommitted changes (N = 6, a new function, a new file). Whatever a failing test leaves, the
-    teardown removes."""
-    record = tmp_path / "record"
-    record.mkdir()
-    r = pytester.path
+def _make_repo(r, record):
+    """``r`` as a git repository: the base commit (N = 1, its ranks writing to ``record``)."""
     git(r, "init", "-q")
     git(r, "config", "user.email", "t@t")
     git(r, "config", "user.name", "t")
@@ -80,9 +78,23 @@ def repo(pytester, tmp_path):
     (r / "test_perf.py").write_text(TESTS.format(record=str(record)))
     git(r, "add", "work.py", "test_perf.py")
     git(r, "commit", "-qm", "base")
-    yield r, record
+
+
+def _remove_worktrees(r):
     for path in worktrees(r)[1:]:
         subprocess.run(["git", "worktree", "remove", "--force", path], cwd=str(r), timeout=60)
+
+
+@pytest.fixture
+def repo(pytester, tmp_path):
+    """pytester's folder as a git repository: the base commit (N = 1), then a working tree with
+    uncommitted changes (N = 6, a new function, a new file). Whatever a failing test leaves, the
+    teardown removes."""
+    record = tmp_path / "record"
+    record.mkdir()
+    _make_repo(pytester.path, record)
+    yield pytester.path, record
+    _remove_worktrees(pytester.path)
 
 
 def _change(r):
@@ -157,37 +169,88 @@ def test_not_a_repository_and_an_unknown_rev_stop_the_run_saying_what_to_do(pyte
     result.stderr.fnmatch_lines(["*--mgpu-against=origin/mian: no such revision in *; fetch it first*"])
 
 
-def _wait_for_base(path, proc, timeout=240.0):
-    """Until a base rank (N = 1) has set its step up: the lane is running."""
-    end = time.monotonic() + timeout
-    while not [n for n in os.listdir(path) if n.endswith("-1")]:
-        assert proc.poll() is None, proc.stdout.read()
-        assert time.monotonic() < end, "the base ranks never set their step up"
-        time.sleep(0.1)
+@dataclasses.dataclass
+class Interrupted:
+    """A --mgpu-against session stopped by a signal once its lane ran: its repository, its runner,
+    the worktrees while the lane ran and once it ended, what went wrong before the signal (None:
+    nothing), and how the next session in the repository ended (SIGKILL only: exit code, output)."""
+    repo: Path
+    runner: Subpytest
+    running: list
+    ended: Optional[list] = None
+    problem: Optional[str] = None
+    next_session: Optional[tuple] = None
+
+
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory):
+    """Two --mgpu-against sessions started at once in two repositories (N = 2 in the working tree),
+    each sent its signal (SIGINT, SIGKILL) as soon as its base ranks have set their step up; after
+    SIGKILL, the next session in that repository (collection only) starts at once. Each test reads
+    its own. Their start-ups and lanes overlap instead of adding up."""
+    sessions = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGKILL):
+            r, record = tmp_path_factory.mktemp(f"repo{sig.value}"), tmp_path_factory.mktemp(f"record{sig.value}")
+            _make_repo(r, record)
+            (r / "work.py").write_text(WORK.format(n=2))  # the base (N=1) writes the record when set up
+            runner = Subpytest(path=r)
+            p = runner.popen("--mgpu-fallback=cpu", "--mgpu-against=HEAD", "test_perf.py")
+            sessions[sig] = (Interrupted(r, runner, []), p, record)
+        end = time.monotonic() + 240.0
+        waiting = set(sessions)
+        while waiting:
+            for sig in sorted(waiting):
+                done, p, record = sessions[sig]
+                if [n for n in os.listdir(record) if n.endswith("-1")]:  # the lane is running
+                    done.running = worktrees(done.repo)
+                    os.killpg(p.pid, sig)
+                elif p.poll() is not None:
+                    done.problem = f"the session ended before its lane ran:\n{p.stdout.read()}"
+                elif time.monotonic() > end:
+                    done.problem = "the base ranks never set their step up"
+                else:
+                    continue
+                waiting.discard(sig)
+            time.sleep(0.1)
+        after = None
+        for sig in (signal.SIGKILL, signal.SIGINT):  # the killed one ends at once; its next session starts
+            done, p, _ = sessions[sig]
+            if done.problem is None:
+                p.communicate(timeout=120)
+                done.ended = worktrees(done.repo)
+                if sig == signal.SIGKILL:
+                    after = done.runner.popen("--co", "-q", "--mgpu-against=HEAD", "test_perf.py")
+        if after is not None:
+            out, _ = after.communicate(timeout=240)
+            sessions[signal.SIGKILL][0].next_session = (after.returncode, out)
+        yield {sig: done for sig, (done, _, _) in sessions.items()}
+    finally:
+        for done, p, _ in sessions.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
+            for pid in processes_with_token(done.runner.token):
+                os.kill(pid, signal.SIGKILL)
+            _remove_worktrees(done.repo)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
-def test_an_interrupted_session_leaves_no_worktree(subpytest, repo, sig):
+def test_an_interrupted_session_leaves_no_worktree(interrupted, sig):
     """Ctrl-C while the lane runs: the session removes its worktree. SIGKILL: it cannot, and the next
     session in the repository removes it at its start."""
-    r, record = repo
-    (r / "work.py").write_text(WORK.format(n=2))  # the base (N=1) writes the record when set up
-    p = subpytest.popen("--mgpu-fallback=cpu", "--mgpu-against=HEAD", "test_perf.py")
-    try:
-        _wait_for_base(record, p)
-        assert len(worktrees(r)) == 2
-        os.killpg(p.pid, sig)
-        p.communicate(timeout=120)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.communicate()
+    done = interrupted[sig]
+    r = done.repo
+    assert done.problem is None, done.problem
+    assert len(done.running) == 2
     if sig == signal.SIGKILL:
-        assert len(worktrees(r)) == 2  # what a killed session leaves
-        code, out = subpytest.run("--co", "-q", "--mgpu-against=HEAD", "test_perf.py")
+        assert len(done.ended) == 2  # what a killed session leaves
+        code, out = done.next_session  # the next session in the repository removes it
         assert code == 0, out
+    else:
+        assert done.ended == [str(r)]
     assert worktrees(r) == [str(r)]
-    assert subpytest.leftovers() == []
+    assert done.runner.leftovers() == []
 
 
 def test_the_against_option_from_command_line_environment_or_ini(monkeypatch):

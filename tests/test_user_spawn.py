@@ -5,6 +5,7 @@ joins this test's rendezvous, so fixed ports never collide, also under pytest-xd
 import pytest
 
 from pytest_mgpu import world_sizes
+from tests import xdist_together as together
 
 BODY = '''
 import os, pytest, warnings, torch, torch.distributed as tdist
@@ -57,12 +58,16 @@ def test_wrong_world_size(dist):
 '''
 
 
-def test_spawn_fixed_ports_under_xdist_and_warm_ranks(subpytest):
-    subpytest.pytester.makepyfile(test_spawn=BODY)
-    rc, out = subpytest.run("-n", "2", "--mgpu-fallback=cpu", "-q", "-p", "no:randomly", timeout=300)
-    assert "6 passed" in out and "1 failed" in out, out
-    assert "init_process_group(world_size=3) inside dist.spawn, but this test runs 2 rank(s)" in out
-    assert subpytest.leftovers() == []
+FILE = together.register("test_spawn.py", BODY)  # run in the session shared with the other xdist tests
+
+
+def test_spawn_fixed_ports_under_xdist_and_warm_ranks(xdist_together):
+    run = xdist_together
+    assert run.outcomes(FILE) == {**{f"test_fixed_port[{k}-gpu{w}]": "passed" for w in (2, 4) for k in range(3)},
+                                  "test_wrong_world_size[gpu2]": "failed"}, run.out
+    assert ("init_process_group(world_size=3) inside dist.spawn, but this test runs 2 rank(s)"
+            in run.case(FILE, "test_wrong_world_size[gpu2]").text), run.out
+    assert run.left == []
 
 
 def device_id_style(rank):
