@@ -16,7 +16,8 @@ junit recorded (setup, call and teardown together). While a step runs the load a
 same step takes 2-4x longer at load 10 than at load 1.
 
 What a test spends its time on is read from its source, not measured: the test function, the
-fixtures of its module it asks for, the helpers of its module these call (one level), and the
+fixtures it asks for (its module's and its folder's conftest.py's, and those these ask for), the
+helpers of its module these call (one level), and the
 module's code templates it names (what a pytester session runs). The heuristics, each a count of what
 the code does:
 - ``pytester sessions``: ``runpytest``/``inline_run`` calls, a ``subpytest`` fixture's ``popen``/``run``
@@ -200,12 +201,20 @@ def test_source(nodeid: str) -> List[Tuple[str, int]]:
         return []
     body = ast.get_source_segment(text, fn) or ""
     parts = [(body, 1)]
-    # the module's fixtures the test asks for (a module-scoped pytester session is paid in its setup)
+    # the fixtures the test asks for, the module's and its folder's conftest.py's, and those they ask for
+    # (a module- or session-scoped pytester session is paid in the setup of the first test that asks)
     assert isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
-    for arg in fn.args.args:
-        fixture = defs.get(arg.arg)
-        if fixture is not None and fixture is not fn:
-            parts.append((ast.get_source_segment(text, fixture) or "", 1))
+    conftest = path.parent / "conftest.py"
+    shared = _module(conftest) if conftest.is_file() else ("", {})
+    wanted, seen = [a.arg for a in fn.args.args], set()
+    while wanted:
+        name = wanted.pop()
+        src, fixture = (text, defs.get(name)) if name in defs else (shared[0], shared[1].get(name))
+        if name in seen or fixture is None or fixture is fn or not isinstance(fixture, ast.FunctionDef):
+            continue
+        seen.add(name)
+        parts.append((ast.get_source_segment(src, fixture) or "", 1))
+        wanted += [a.arg for a in fixture.args.args]
     for src, _ in list(parts):
         for name in sorted(set(re.findall(r"\b(\w+)\(", src))):
             helper = defs.get(name)
