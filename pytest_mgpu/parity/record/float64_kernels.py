@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from typing import Any, Callable, Dict, Iterator, Tuple
 
 KEYS = ("CPU", "CUDA")
@@ -23,9 +24,8 @@ def as_float32(func, call: Callable[..., Any], args: tuple, kwargs: Dict[str, An
     narrowed (and, in place, copied back), float32 results widened, and a factory call that takes
     the default dtype (float64 in the shadow) made with float32 as the default."""
     import torch
-    from torch.utils._pytree import tree_leaves, tree_map
 
-    tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    tensors = [t for t in leaves(args, kwargs) if isinstance(t, torch.Tensor)]
     wide = any(t.dtype == torch.float64 for t in tensors)
     factory = not tensors and "dtype" not in kwargs  # the default dtype (float64 here) applies
     if not (wide or factory):
@@ -37,7 +37,7 @@ def as_float32(func, call: Callable[..., Any], args: tuple, kwargs: Dict[str, An
     def widen(t):
         return t.double() if isinstance(t, torch.Tensor) and t.dtype == torch.float32 else t
 
-    n_args, n_kwargs = tree_map(narrow, (args, kwargs))
+    n_args, n_kwargs = mapped(narrow, args), {k: mapped(narrow, v) for k, v in kwargs.items()}
     saved = torch.get_default_dtype()
     torch.set_default_dtype(torch.float32)
     try:
@@ -46,7 +46,24 @@ def as_float32(func, call: Callable[..., Any], args: tuple, kwargs: Dict[str, An
         torch.set_default_dtype(saved)
     if func._schema.name.endswith("_"):  # in place (uniform_, normal_, bernoulli_): write back
         return args[0].copy_(n_args[0])
-    return tree_map(widen, out)
+    return mapped(widen, out)
+
+
+def mapped(f: Callable[[Any], Any], x: Any) -> Any:
+    """``f`` over an op's arguments or results, lists and tuples opened: ``tree_map`` for them."""
+    if isinstance(x, (list, tuple)):
+        return type(x)(mapped(f, e) for e in x)
+    return f(x)
+
+
+def leaves(args: tuple, kwargs: Dict[str, Any]) -> Iterator[Any]:
+    """An aten op's arguments, lists opened (``Tensor[]``): what ``tree_leaves`` gives for them, at a
+    tenth of its cost (the DDP tutorial's data set draws 512 tensors one ``torch.rand`` at a time)."""
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, (list, tuple)):
+            yield from a
+        else:
+            yield a
 
 
 @functools.lru_cache(maxsize=1)
@@ -71,11 +88,24 @@ def seeded_overloads() -> Tuple[Tuple[Any, Tuple[str, ...]], ...]:
     return tuple(found)
 
 
-def _kernel(op, original) -> Callable[..., Any]:
+def _kernel(op, original, inside: threading.local) -> Callable[..., Any]:
+    """``op``'s kernel in the shadow: ``as_float32`` around the original, for the outermost random op
+    only (a dispatch mode sees no op called from inside another's kernel: ``rand``'s own
+    ``uniform_``); the ones inside run as they are."""
+
     def call(keys):
-        return lambda *args, **kwargs: original.call_boxed(keys, *args, **kwargs)
+        def original_call(*args, **kwargs):
+            inside.depth = getattr(inside, "depth", 0) + 1
+            try:
+                return original.call_boxed(keys, *args, **kwargs)
+            finally:
+                inside.depth -= 1
+
+        return original_call
 
     def kernel(keys, *args, **kwargs):
+        if getattr(inside, "depth", 0):
+            return original.call_boxed(keys, *args, **kwargs)
         return as_float32(op, call(keys), args, kwargs)
 
     return kernel
@@ -88,11 +118,14 @@ def float64_kernels() -> Iterator[None]:
     outer one's kernel, which passes float32 through."""
     import torch
 
-    lib = torch.library.Library("aten", "IMPL")
+    lib, inside = torch.library.Library("aten", "IMPL"), threading.local()
+    cuda = torch.cuda.is_available()  # no CUDA tensor without it: half the registrations saved
     try:
         for op, keys in seeded_overloads():
-            for key in keys:
-                lib.impl(op, _kernel(op, torch.library.get_kernel(op, key)), key, with_keyset=True)
+            for key in keys if cuda else [k for k in keys if k != "CUDA"]:
+                original = torch._C._dispatch_get_computed_kernel_for_dispatch_key(  # torch.library.get_kernel,
+                    op._name, getattr(torch._C.DispatchKey, key))  # without its 30 us of checks a call
+                lib.impl(op, _kernel(op, original, inside), key, with_keyset=True)
         yield
     finally:
         lib._destroy()
