@@ -16,7 +16,8 @@ from typing import Any, Callable, Dict, List, Literal, Optional, Tuple
 from ..judge.distance import gap
 from ..precision import ieee_float32
 from .counted import LoopStructure
-from .loop_companions import LOW, float64_dispatch, split_products, split_sums
+from .float64_kernels import float64_kernels
+from .loop_companions import LOW, PinsFound, float64_dispatch, split_products, split_sums
 from .recorder import Recorder, SideLog
 from ..records import Portable
 from .step_recorder import StepRecorder, StopTraining
@@ -179,35 +180,45 @@ def run_twin(job: LoopJob, fn, seed: int) -> SideLog:
 
 def run_shadow(job: LoopJob, fn, seed: int, rank: int = 0) -> Tuple[Optional[SideLog], str]:
     """The reference loop (or, in a rank, the user's loop) again with float64 as the default dtype,
-    from the same seed and the same random draws; (None, why) where it cannot run or keeps another
-    dtype."""
+    from the same seed and the same random draws (``float64_kernels``); (None, why) where it cannot
+    run or keeps another dtype, ``why`` naming the lines that asked for another dtype (found by
+    ``find_pins``, only then)."""
+    side, why = _float64_run(job, fn, seed, rank, "shadow/", float64_kernels())
+    if why:
+        pins: List[str] = []
+        _float64_run(job, fn, seed, rank, "pins/", float64_dispatch(pins, stop=True))
+        return None, why + (f"; that dtype was asked for at {'; '.join(pins)}" if pins else "")
+    if side is None or not side.steps:
+        return None, "the float64 run took no step"
+    return side, ""
+
+
+def _float64_run(job: LoopJob, fn, seed: int, rank: int, tag: str, companion) -> Tuple[Optional[SideLog], str]:
+    """One float64 run under ``companion`` (the kernels, or the pin-finding mode); why it failed."""
     import torch
 
     from ...launch.rank import seed_everything
-
-    pins: List[str] = []
-    asked = lambda: f"; that dtype was asked for at {'; '.join(pins)}" if pins else ""  # noqa: E731
 
     def check(side: SideLog) -> None:
         narrow = [(n, t.dtype) for n, t in side.steps[0].params.items() if t is not None and t.dtype != torch.float64]
         if narrow:
             name, dtype = narrow[0]
             raise NoShadow(f"parameter {name} stayed {str(dtype).replace('torch.', '')} with float64 as the "
-                           f"default dtype ({len(narrow)} of {len(side.steps[0].params)} parameters){asked()}")
+                           f"default dtype ({len(narrow)} of {len(side.steps[0].params)} parameters)")
 
     saved = torch.get_default_dtype()
     seed_everything(seed)
     torch.set_default_dtype(torch.float64)
     try:
-        side, _ = run_side(job, fn, rank, "shadow/", float64_dispatch(pins), check)
+        side, _ = run_side(job, fn, rank, tag, companion, check)
     except NoShadow as exc:
         return None, str(exc)
+    except PinsFound:
+        return None, ""
     except Exception as exc:  # noqa: BLE001 - a loop that cannot run in float64: say why
-        return None, f"the loop raised {type(exc).__name__} in float64 ({str(exc)[:200]}){asked()}"
+        return None, f"the loop raised {type(exc).__name__} in float64 ({str(exc)[:200]})"
     finally:
         torch.set_default_dtype(saved)
-    if not side.steps:
-        return None, "the float64 run took no step"
     return side, ""
 
 

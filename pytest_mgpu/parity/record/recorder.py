@@ -69,11 +69,31 @@ def pack(tensors: Dict[str, Any]):
         metas.append((key, tuple(t.shape), sizes.get(key, 0)))
         sizes[key] = sizes.get(key, 0) + t.numel()
         chunks.setdefault(key, []).append(t.reshape(-1))
-    return list(tensors), metas, {k: torch.cat(v) for k, v in chunks.items()}
+    return list(tensors), metas, {k: raw(torch.cat(v)) for k, v in chunks.items()}
+
+
+def raw(flat):
+    """A CPU buffer as (dtype, its bytes): rebuilt in 2 us where a pickled tensor takes 0.1-0.6 ms
+    (torch's rebuild looks for a fake mode on the stack), the same bits. Other devices as they are."""
+    import torch
+
+    if flat.device.type != "cpu":
+        return flat
+    return flat.dtype, flat.detach().view(torch.uint8).numpy().tobytes()
+
+
+def rebuilt(flat):
+    import torch
+
+    if isinstance(flat, torch.Tensor):
+        return flat
+    dtype, data = flat
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype)
 
 
 def unpack(packed) -> Dict[str, Any]:
     names, metas, flats = packed
+    flats = {k: rebuilt(v) for k, v in flats.items()}
     out: Dict[str, Any] = {}
     for name, meta in zip(names, metas):
         if meta is None:
