@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.conftest import Subpytest, processes_with_token
+from tests.conftest import Subpytest, processes_with_token, run_together
 
 FAILING = """
 import ctypes, os, signal, time, pytest, torch, torch.distributed as tdist
@@ -65,15 +65,28 @@ def test_after(dist):
 
 
 @pytest.fixture(scope="module")
-def failing_run(pytester_module):
-    """One pytest subprocess runs every failure case; the tests below read its report."""
+def failing_sessions(blocked, pytester_module, tmp_path_factory):
+    """The module's sessions that end by themselves, at once: the one that runs every failure case and
+    the pytest-timeout one; the blocked pytests (asked for first) start up beside them. name -> Ended."""
     sp = pytester_module
     sp.pytester.makepyfile(test_failing=FAILING)
-    t0 = time.monotonic()
-    rc, out = sp.run("--mgpu-fallback=cpu", "-p", "no:randomly", "-rA", timeout=240)
-    wall = time.monotonic() - t0
-    left = sp.leftovers()
-    return rc, out, wall, left
+    pt = Subpytest(_Dir(tmp_path_factory.mktemp("pytest-timeout")))
+    (pt.pytester.path / "test_pt.py").write_text(PYTEST_TIMEOUT)
+    try:
+        failing, timed = run_together([(sp, ("--mgpu-fallback=cpu", "-p", "no:randomly", "-rA")),
+                                       (pt, ("--mgpu-fallback=cpu",))], timeout=240)
+        yield {"failing": failing, "pytest-timeout": timed, "sessions": {"failing": sp, "pytest-timeout": pt}}
+    finally:
+        for pid in processes_with_token(pt.token):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def failing_run(failing_sessions):
+    """One pytest subprocess runs every failure case; the tests below read its report (and its own
+    wall time, from its start to its end)."""
+    e = failing_sessions["failing"]
+    return e.rc, e.out, e.wall, failing_sessions["sessions"]["failing"].leftovers()
 
 
 @pytest.fixture(scope="module")
@@ -242,10 +255,7 @@ def test_killed_pytest_leaves_no_process(blocked):
     assert sp.leftovers() == []
 
 
-def test_pytest_timeout_cooperation(subpytest):
-    """With pytest-timeout armed, our limit fits inside it: our report (ranks and stacks) comes first."""
-    subpytest.pytester.makepyfile(
-        test_pt="""
+PYTEST_TIMEOUT = """
 import time, pytest, torch.distributed as tdist
 
 def hang():
@@ -258,9 +268,13 @@ def hang():
 def test_hang(dist):
     dist.run(hang)
 """
-    )
-    rc, out = subpytest.run("--mgpu-fallback=cpu", timeout=120)
+
+
+def test_pytest_timeout_cooperation(failing_sessions):
+    """With pytest-timeout armed, our limit fits inside it: our report (ranks and stacks) comes first."""
+    e, sp = failing_sessions["pytest-timeout"], failing_sessions["sessions"]["pytest-timeout"]
+    rc, out = e.rc, e.out
     assert rc == 1
     assert "rank 1 did not finish within" in out and "in hang" in out
     assert "Timeout (0:00:12)" not in out and "+++ Timeout +++" not in out
-    assert subpytest.leftovers() == []
+    assert sp.leftovers() == []

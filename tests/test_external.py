@@ -2,7 +2,8 @@
 two nodes over loopback; a failure and a hang on one rank end the whole job, and nothing is left running.
 
 Each torchrun start costs several seconds here (an agent and one pytest per rank, each importing torch),
-so every job checks several things at once. The fast checks at the end exercise detection, agreement
+so every job checks several things at once, and the module's independent jobs (one node, two nodes, a
+hang, srun tasks) start together in the fixture `launched`; each test reads its own job. The fast checks at the end exercise detection, agreement
 and the store-based control plane in-process, on a real TCPStore.
 """
 from __future__ import annotations
@@ -16,7 +17,9 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch.distributed as tdist
@@ -45,8 +48,8 @@ def free_port() -> int:
 class Job:
     """torchrun (or srun-like) jobs in a pytester directory, each process tagged to count leftovers."""
 
-    def __init__(self, pytester: pytest.Pytester):
-        self.path = pytester.path
+    def __init__(self, path: Path):
+        self.path = path
         self.token = f"mgpu-ext-{uuid.uuid4().hex}"
 
     def env(self, **extra) -> dict:
@@ -102,9 +105,84 @@ class Job:
 
 @pytest.fixture
 def job(pytester):
-    j = Job(pytester)
+    j = Job(pytester.path)
     yield j
     j.kill()  # never leave anything behind, even when the test failed
+
+
+@dataclass
+class Ended:
+    """One of the module's jobs that ended: its processes' return codes and outputs, in start order."""
+    job: Job
+    rcs: list
+    outs: list
+
+
+# each job of `launched`: its files, and the commands of its processes (a function of the Job)
+def _one_node(j: Job):
+    return [j.torchrun("--standalone", "--nproc_per_node=2",
+                       pytest_args=("-rs", "--mgpu-fallback=cpu", "test_one_node.py"))], {}
+
+
+def _two_nodes(j: Job):
+    port, run_id = free_port(), uuid.uuid4().hex[:8]
+    return [j.torchrun("--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=c10d",
+                       f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={run_id}",
+                       "--rdzv_conf=join_timeout=60",
+                       pytest_args=("-rs", "--mgpu-fallback=cpu", "test_four.py"))] * 2, {}
+
+
+def _hang(j: Job):
+    return [j.torchrun("--standalone", "--nproc_per_node=2",
+                       pytest_args=("--mgpu-fallback=cpu", "test_hang.py"))], {}
+
+
+def _srun(j: Job):
+    port = free_port()
+    cmd = [sys.executable, *PYTEST, "--mgpu-rank-logs", "logs", "test_two.py"]
+    return [cmd, cmd], {"env_of": [slurm_env(r, port) for r in range(2)]}
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """The module's independent launcher jobs, started at once so that their start-ups and limits overlap:
+    name -> Ended (or the AssertionError of a job that did not end in time, raised by the test that reads
+    it). Each job has its own folder and token, so each test still counts only its own leftovers."""
+    files = {"one_node": {"test_one_node.py": ONE_NODE}, "two_nodes": {"test_four.py": FOUR},
+             "hang": {"test_hang.py": HANG}, "srun": {"test_two.py": SRUN_TESTS, "conftest.py": SRUN_CONFTEST}}
+    commands = {"one_node": _one_node, "two_nodes": _two_nodes, "hang": _hang, "srun": _srun}
+    jobs, procs, ended = {}, {}, {}
+    try:
+        for name, texts in files.items():
+            j = jobs[name] = Job(tmp_path_factory.mktemp(name))
+            for file, text in texts.items():
+                (j.path / file).write_text(text)
+            cmds, extra = commands[name](j)
+            envs = extra.get("env_of", [{}] * len(cmds))
+            procs[name] = [j.start(cmd, **env) for cmd, env in zip(cmds, envs)]
+
+        def wait(name: str) -> None:
+            try:
+                ended[name] = Ended(jobs[name], *jobs[name].wait(procs[name]))
+            except AssertionError as e:
+                ended[name] = e
+
+        threads = [threading.Thread(target=wait, args=(name,), daemon=True) for name in procs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        yield ended
+    finally:
+        for name, j in jobs.items():  # never leave anything behind, even when a test failed
+            j.kill(procs.get(name, ()))
+
+
+def ended_job(launched, name: str) -> Ended:
+    e = launched[name]
+    if isinstance(e, BaseException):
+        raise e
+    return e
 
 
 def one_summary(out: str) -> str:
@@ -183,14 +261,12 @@ def test_never_runs():
 """
 
 
-def test_torchrun_one_node(job, pytester):
+def test_torchrun_one_node(launched):
     """torchrun --standalone --nproc_per_node=2 -m pytest: the plugin joins the job, dist.run gathers
     every rank's value; skips and failures on one rank become the outcome on both; a failure that leaves
     a rank inside a collective ends the job, reported by the surviving rank with the stuck one's stack."""
-    pytester.makepyfile(test_one_node=ONE_NODE)
-    p = job.start(job.torchrun("--standalone", "--nproc_per_node=2",
-                               pytest_args=("-rs", "--mgpu-fallback=cpu", "test_one_node.py")))
-    (rc,), (out,) = job.wait([p])
+    e = ended_job(launched, "one_node")
+    (rc,), (out,), job = e.rcs, e.outs, e.job
     assert rc != 0, out
     summary = one_summary(out)
     assert "4 failed, 3 passed, 3 skipped" in summary, out
@@ -234,17 +310,11 @@ def test_two_ranks(dist):
 """
 
 
-def test_torchrun_two_nodes(job, pytester):
+def test_torchrun_two_nodes(launched):
     """Two torchrun invocations on this machine acting as two nodes (c10d rendezvous on 127.0.0.1)
     run a 4-rank test; only rank 0 (on node 0) prints the report."""
-    pytester.makepyfile(test_four=FOUR)
-    port, run_id = free_port(), uuid.uuid4().hex[:8]
-    nodes = [job.start(job.torchrun("--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=c10d",
-                                    f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={run_id}",
-                                    "--rdzv_conf=join_timeout=60",
-                                    pytest_args=("-rs", "--mgpu-fallback=cpu", "test_four.py")))
-             for _ in range(2)]
-    rcs, outs = job.wait(nodes)
+    e = ended_job(launched, "two_nodes")
+    rcs, outs, job = e.rcs, e.outs, e.job
     both = "\n".join(outs)
     assert rcs == [0, 0], both
     assert "1 passed, 1 skipped" in one_summary(both), both
@@ -269,13 +339,11 @@ def test_never_runs():
 """
 
 
-def test_torchrun_hang_on_one_rank_ends_the_job(job, pytester):
+def test_torchrun_hang_on_one_rank_ends_the_job(launched):
     """A rank that hangs (rank 0 here) is named with its stack in the report, prints its stack itself, and
     the whole job ends long before the 300 s default timeout. With rank 0 gone, rank 1 reports."""
-    pytester.makepyfile(test_hang=HANG)
-    p = job.start(job.torchrun("--standalone", "--nproc_per_node=2",
-                               pytest_args=("--mgpu-fallback=cpu", "test_hang.py")))
-    (rc,), (out,) = job.wait([p])
+    e = ended_job(launched, "hang")
+    (rc,), (out,), job = e.rcs, e.outs, e.job
     assert rc != 0, out
     assert "1 failed" in one_summary(out), out
     assert ("rank 0 did not finish within 3s (hung; the limit set by dist.run(timeout=3)): blocked outside any "
@@ -293,19 +361,20 @@ def slurm_env(rank: int, port: int, ntasks: int = 2) -> dict:
                 SLURM_STEP_TASKS_PER_NODE=str(ntasks), MASTER_PORT=str(port))
 
 
-def test_srun_ranks_collecting_different_tests_stop(job, pytester):
-    """Tasks of an srun step (the variables srun sets; rank 0 hosts the store) that collect different
-    tests stop before running any, saying where the lists differ."""
-    pytester.makeconftest("""
+SRUN_CONFTEST = """
 import os
 def pytest_collection_modifyitems(items):
     if os.environ["SLURM_PROCID"] == "1":
         items.reverse()
-""")
-    pytester.makepyfile(test_two="def test_a(): pass\ndef test_b(): pass\n")
-    port = free_port()
-    cmd = [sys.executable, *PYTEST, "--mgpu-rank-logs", "logs", "test_two.py"]
-    rcs, outs = job.wait([job.start(cmd, **slurm_env(r, port)) for r in range(2)])
+"""
+SRUN_TESTS = "def test_a(): pass\ndef test_b(): pass\n"
+
+
+def test_srun_ranks_collecting_different_tests_stop(launched):
+    """Tasks of an srun step (the variables srun sets; rank 0 hosts the store) that collect different
+    tests stop before running any, saying where the lists differ."""
+    e = ended_job(launched, "srun")
+    rcs, outs, job = e.rcs, e.outs, e.job
     assert rcs == [pytest.ExitCode.USAGE_ERROR] * 2, outs
     assert "the ranks collected different tests" in outs[0], outs
     assert "position 0: rank 0 has test_two.py::test_a, rank 1 has test_two.py::test_b" in outs[0], outs
