@@ -61,11 +61,11 @@ def recorder():
     return steps, init, (h1, h2)
 
 
-def rank_body(r, w, fam, cases, initfile, out):
+def rank_body(r, w, module, cases, initfile, out):
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     tdist.init_process_group("gloo", init_method="file://" + initfile, rank=r, world_size=w)
-    mod = importlib.import_module(f"{PKG}.{fam}")
+    mod = importlib.import_module(module)
     for bug, variant in cases:
         torch.manual_seed(0)
         steps, init, hooks = recorder()
@@ -128,13 +128,13 @@ def compare(rows, ref_steps, shards):
     return last, worst, spread_max, note
 
 
-def run_family(fam: str, w: int) -> None:
-    mod = importlib.import_module(f"{PKG}.{fam}")
+def run_family(fam: str, w: int, pkg: str = PKG) -> None:
+    mod = importlib.import_module(f"{pkg}.{fam}")
     cases = [(None, v if v != "default" else None) for v, ws in mod.CORRECT.items() if w in ws]
     if w == 2:
         cases += [(b, None) for b in mod.BUGS]
-    out = tempfile.mkdtemp(prefix=f"ho6_{fam}_")
-    mp.spawn(rank_body, args=(w, fam, cases, tempfile.mktemp(), out), nprocs=w)
+    out = tempfile.mkdtemp(prefix=f"{pkg.rsplit('.', 1)[-1]}_{fam}_")
+    mp.spawn(rank_body, args=(w, f"{pkg}.{fam}", cases, tempfile.mktemp(), out), nprocs=w)
     torch.manual_seed(0)
     ref_steps, _, hooks = recorder()
     mod.reference(w)
@@ -153,13 +153,17 @@ def run_family(fam: str, w: int) -> None:
         print(f"  {label:24s} last {last:.2e}  any-step {worst:.2e}  replicas {spread:.2e}  {note}")
 
 
-if __name__ == "__main__":
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]))
-    args = sys.argv[1:]
+def main(pkg: str, args: list[str]) -> None:
+    """Run ``pkg``'s families (all, or those named), at ``--world W`` (default 2)."""
     w = 2
     if "--world" in args:
         i = args.index("--world")
         w = int(args[i + 1])
         args = args[:i] + args[i + 2:]
-    for fam in args or importlib.import_module(PKG).FAMILIES:
-        run_family(fam, w)
+    for fam in args or importlib.import_module(pkg).FAMILIES:
+        run_family(fam, w, pkg)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[3]))
+    main(PKG, sys.argv[1:])
