@@ -84,17 +84,19 @@ def run_loop(job: LoopJob) -> SideResult:
 def run_side(job: LoopJob, fn, rank: int, tag: str = "", mode=None,
              on_first: Optional[Callable[[SideLog], None]] = None,
              recorder: Optional[Callable[[Watch], StepRecorder]] = None,
-             watched: bool = True, structure: Optional[LoopStructure] = None) -> Tuple[SideLog, List[str]]:
+             watched: bool = True, structure: Optional[LoopStructure] = None,
+             light: bool = False) -> Tuple[SideLog, List[str]]:
     """The user's loop once, recorded (under the dispatch ``mode`` of a companion, if any;
     ``record="optimizer"`` by ``recorder(watch)`` where given; ``watched=False``: no model, input or
-    loss hooks, for a recorder that only counts steps; its collectives per step into ``structure``)."""
+    loss hooks, for a recorder that only counts steps; ``light=True``: a companion's run, each step's
+    loss, gradients, parameters and learning rates only; its collectives per step into ``structure``)."""
     lead = (rank,) if job.spawn and not job.reference else ()
 
     def counting(side: SideLog):
         return structure.counting(side) if structure is not None else contextlib.nullcontext()
 
     def loop() -> SideLog:
-        watch = Watch()
+        watch = Watch(light)
         with (watch.installed() if watched else contextlib.nullcontext()), \
                 (mode if mode is not None else contextlib.nullcontext()):
             if job.record == "optimizer":
@@ -133,7 +135,7 @@ def add_companions(result: SideResult, job: LoopJob, fn, seed: int) -> None:
     trainer in bf16 autocast, W=4, 100 AdamW steps: with the float64 run alone a correct run came
     to 0.37 of the line (Adam's first step flips the sign of near-zero bias gradients, which bf16
     rounding moves and float64 does not); with the twin, 0.06."""
-    shadow, why = run_shadow(job, fn, seed)
+    shadow, why = run_shadow(job, fn, seed, light=True)
     if shadow is not None:
         why = same_start(result.side, shadow)
     if shadow is not None and not why:
@@ -168,32 +170,33 @@ def run_twin(job: LoopJob, fn, seed: int) -> SideLog:
     convolved: List[str] = []
     seed_everything(seed)
     try:
-        twin, _ = run_side(job, fn, 0, "twin/", split_products(convolved))
+        twin, _ = run_side(job, fn, 0, "twin/", split_products(convolved), light=True)
     except Exception:
         if not convolved:
             raise
     if convolved:  # raised in the loop's first convolution, whatever the loop did with it
         seed_everything(seed)
-        twin, _ = run_side(job, fn, 0, "twin/", split_sums())
+        twin, _ = run_side(job, fn, 0, "twin/", split_sums(), light=True)
     return twin
 
 
-def run_shadow(job: LoopJob, fn, seed: int, rank: int = 0) -> Tuple[Optional[SideLog], str]:
+def run_shadow(job: LoopJob, fn, seed: int, rank: int = 0, light: bool = False) -> Tuple[Optional[SideLog], str]:
     """The reference loop (or, in a rank, the user's loop) again with float64 as the default dtype,
     from the same seed and the same random draws (``float64_kernels``); (None, why) where it cannot
     run or keeps another dtype, ``why`` naming the lines that asked for another dtype (found by
     ``find_pins``, only then)."""
-    side, why = _float64_run(job, fn, seed, rank, "shadow/", float64_kernels())
+    side, why = _float64_run(job, fn, seed, rank, "shadow/", float64_kernels(), light)
     if why:
         pins: List[str] = []
-        _float64_run(job, fn, seed, rank, "pins/", float64_dispatch(pins, stop=True))
+        _float64_run(job, fn, seed, rank, "pins/", float64_dispatch(pins, stop=True), light)
         return None, why + (f"; that dtype was asked for at {'; '.join(pins)}" if pins else "")
     if side is None or not side.steps:
         return None, "the float64 run took no step"
     return side, ""
 
 
-def _float64_run(job: LoopJob, fn, seed: int, rank: int, tag: str, companion) -> Tuple[Optional[SideLog], str]:
+def _float64_run(job: LoopJob, fn, seed: int, rank: int, tag: str, companion,
+                 light: bool = False) -> Tuple[Optional[SideLog], str]:
     """One float64 run under ``companion`` (the kernels, or the pin-finding mode); why it failed."""
     import torch
 
@@ -210,7 +213,7 @@ def _float64_run(job: LoopJob, fn, seed: int, rank: int, tag: str, companion) ->
     seed_everything(seed)
     torch.set_default_dtype(torch.float64)
     try:
-        side, _ = run_side(job, fn, rank, tag, companion, check)
+        side, _ = run_side(job, fn, rank, tag, companion, check, light=light)
     except NoShadow as exc:
         return None, str(exc)
     except PinsFound:

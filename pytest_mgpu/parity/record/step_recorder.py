@@ -118,14 +118,16 @@ class StepRecorder:
             self.side.autocast = self.watch.autocast
             self.side.loss_dtype = dtype_name(self.watch.loss.dtype) if self.watch.loss is not None else ""
         seen = self._seen = self.watch.take_inputs()
-        add(seen.where, "optimizer.step", user_line())
-        self.side.steps.append(StepLog(seen.loss(), grads, params, seen.rows, len(seen.losses), lrs, seen.clips,
-                                       optimizer_state(optimizer), hyperparameters(optimizer),
-                                       untrained_state(prefixed(self.watch.model_roots(), merge=False), named,
-                                                       list(self.watch.stateful.values())),
-                                       seen.raw_norms[-1] if seen.raw_norms else float("nan"), seen.zeroed,
-                                       eval_modes(models), frozen(seen.where), (seen.scale, tuple(seen.order)),
-                                       seen.chunks))
+        if self.watch.light:  # a companion's run: its distances read the loss, gradients and parameters
+            self.side.steps.append(StepLog(seen.loss(), grads, params, backwards=len(seen.losses), lrs=lrs))
+        else:
+            add(seen.where, "optimizer.step", user_line())
+            self.side.steps.append(StepLog(
+                seen.loss(), grads, params, seen.rows, len(seen.losses), lrs, seen.clips, optimizer_state(optimizer),
+                hyperparameters(optimizer), untrained_state(prefixed(self.watch.model_roots(), merge=False), named,
+                                                            list(self.watch.stateful.values())),
+                seen.raw_norms[-1] if seen.raw_norms else float("nan"), seen.zeroed, eval_modes(models),
+                frozen(seen.where), (seen.scale, tuple(seen.order)), seen.chunks))
         if self.on_first and len(self.side.steps) == 1:
             self.on_first(self.side)
 

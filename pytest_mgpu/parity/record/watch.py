@@ -177,9 +177,11 @@ def scheduler_steps(watch: "Watch") -> List[Tuple[Any, str, Any]]:
 
 class Watch:
     """Global hooks for the duration of one loop (``installed()``); what they saw is read by the
-    recorders at each step (``take_inputs``, ``loss``) and once after (``roots``, ``set_epoch_calls``)."""
+    recorders at each step (``take_inputs``, ``loss``) and once after (``roots``, ``set_epoch_calls``).
+    ``light``: the models and the losses alone (a companion's run; no rows, lines, norms or patches)."""
 
-    def __init__(self):
+    def __init__(self, light: bool = False):
+        self.light = light
         self.roots: Dict[int, Any] = {}  # id -> outermost module with parameters, first-call order
         self.stateful: Dict[int, Any] = {}  # id -> module called at the top with buffers and no parameters
         self.loss = None  # the scalar last passed to torch.autograd.backward (detached)
@@ -214,10 +216,12 @@ class Watch:
                 self.stateful.setdefault(id(module), module)  # a loss module with state (DINO's center)
             return None  # a loss module, a parameter-free wrapper call
         self.roots.setdefault(id(module), module)
-        self.ddp_unsynced = ddp_sync_off(module)
         for dev in ("cpu", "cuda"):
             if not self.autocast and torch.is_autocast_enabled(dev):
                 self.autocast = str(torch.get_autocast_dtype(dev)).replace("torch.", "")
+        if self.light:
+            return None
+        self.ddp_unsynced = ddp_sync_off(module)
         self._rows(module, _first_tensor(args, kwargs or {}))
         return None
 
@@ -274,14 +278,15 @@ class Watch:
             t = tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else tensors
             top = isinstance(t, torch.Tensor) and t.numel() == 1 and torch._C._current_autograd_node() is None \
                 and not pipeline_inference()
-            if top:
+            if top and not watch.light:
                 line = user_line()
                 add(watch._inputs.where, "backward", line)
                 watch._unsynced = line if not watch.fsdp_sync or watch.ddp_unsynced else ""
                 watch.before_backward()
+            if top:
                 watch.saw_loss(t.detach(), sys._getframe(1).f_globals.get("__name__", ""))
             out = backward(tensors, *args, **kwargs)
-            if top:
+            if top and not watch.light:
                 watch.after_backward()
             return out
 
@@ -304,12 +309,14 @@ class Watch:
 
         clip = torch.nn.utils.clip_grad_norm_
         clip_with_norm: Any = getattr(torch.nn.utils, "clip_grads_with_norm_", None)
-        patches = [(torch.autograd, "backward", observed_backward), (DistributedSampler, "set_epoch", observed_set_epoch),
-                   (DistributedSampler, "__iter__", observed_pass), (torch.nn.utils, "clip_grad_norm_", observed_clip),
-                   (torch.nn.utils.clip_grad, "clip_grad_norm_", observed_clip)]
-        if clip_with_norm is not None:  # the public two-part API (get_total_norm, then this)
-            patches.append((torch.nn.utils, "clip_grads_with_norm_", observed_clip_with_norm))
-        patches += fsdp1_clip(watch) + scheduler_steps(watch) + scaler_calls(watch) + fsdp2_sync(watch.saw_sync)
+        patches = [(torch.autograd, "backward", observed_backward)]
+        if not self.light:  # a companion's run (light) needs its losses and models alone
+            patches += [(DistributedSampler, "set_epoch", observed_set_epoch), (DistributedSampler, "__iter__", observed_pass),
+                        (torch.nn.utils, "clip_grad_norm_", observed_clip),
+                        (torch.nn.utils.clip_grad, "clip_grad_norm_", observed_clip)]
+            if clip_with_norm is not None:  # the public two-part API (get_total_norm, then this)
+                patches.append((torch.nn.utils, "clip_grads_with_norm_", observed_clip_with_norm))
+            patches += fsdp1_clip(watch) + scheduler_steps(watch) + scaler_calls(watch) + fsdp2_sync(watch.saw_sync)
         saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
         for owner, name, patched in patches:
             setattr(owner, name, patched)
