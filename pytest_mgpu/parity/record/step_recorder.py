@@ -23,6 +23,7 @@ import contextlib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ...timing.structure.counter import quiet
+from .census import Census
 from .mesh import tp_peers
 from .recorder import SideLog, StepLog, clean_name, describe, dtype_name, fsdp1_full_params, full_copies, unwrap
 from .fsdp1_flat import expand, is_flat, units
@@ -105,6 +106,8 @@ class StepRecorder:
     def _take(self, optimizer) -> None:
         """Record the step under way: its parameters, gradients, loss and state, before the update."""
         self._taken = True
+        census = self.watch.census
+        census.clear()  # the trees as they are now: read once for the step's recording
         named = self._named(optimizer)
         lrs = [float(g["lr"]) for g in optimizer.param_groups if "lr" in g]
         self._lr_zero = bool(lrs) and not any(lrs)
@@ -125,9 +128,10 @@ class StepRecorder:
             self.side.steps.append(StepLog(
                 seen.loss(), grads, params, seen.rows, len(seen.losses), lrs, seen.clips, optimizer_state(optimizer),
                 hyperparameters(optimizer), untrained_state(prefixed(self.watch.model_roots(), merge=False), named,
-                                                            list(self.watch.stateful.values())),
-                seen.raw_norms[-1] if seen.raw_norms else float("nan"), seen.zeroed, eval_modes(models),
+                                                            list(self.watch.stateful.values()), census),
+                seen.raw_norms[-1] if seen.raw_norms else float("nan"), seen.zeroed, eval_modes(models, census),
                 frozen(seen.where), (seen.scale, tuple(seen.order)), seen.chunks))
+        census.clear()  # the next step's forward passes walk them again
         if self.on_first and len(self.side.steps) == 1:
             self.on_first(self.side)
 
@@ -135,6 +139,7 @@ class StepRecorder:
         self._depth -= 1
         if self._depth > 0 or not self._taken:
             return
+        self.watch.census.clear()
         if self._changed_nothing(optimizer):
             self._aside.append(self.side.steps.pop())
             self.side.uncounted += 1
@@ -148,6 +153,7 @@ class StepRecorder:
             return
         named = self._named(optimizer)
         self.side.final = read_full(named, self._owners(named))[0]
+        self.watch.census.clear()
         raise StopTraining(f"stopped after optimizer step {self.steps}")
 
     def _changed_nothing(self, optimizer) -> bool:
@@ -171,7 +177,7 @@ class StepRecorder:
         rebuilt one takes no class prefix."""
         ids = {id(p) for p in params}
         roots = self.watch.model_roots()
-        owners = [r for r in roots if any(id(p) in ids for p in unwrap(r).parameters())]
+        owners = [r for r in roots if any(id(p) in ids for p in self.watch.census.parameters(unwrap(r)))]
         return prefixed(owners or roots)
 
     def _named(self, optimizer) -> List[Tuple[str, Any]]:
@@ -307,22 +313,23 @@ def hyperparameters(optimizer) -> List[Dict[str, float]]:
 
 
 def untrained_state(roots: List[Tuple[str, Any]], stepped: List[Tuple[str, Any]],
-                    stateful: Sequence[Any] = ()) -> Dict[str, float]:
+                    stateful: Sequence[Any] = (), census: Optional[Census] = None) -> Dict[str, float]:
     """A fingerprint of each floating tensor of the models run forward that no optimizer steps: the
     parameters of a model trained otherwise (an EMA teacher) and buffers other than BatchNorm's
     running statistics (which follow each rank's shard by design). Local tensors only (no collective);
-    DTensors are left out."""
+    DTensors are left out. ``census``: the trees as the step's recording walked them."""
     import torch
     from torch.nn.modules.batchnorm import _BatchNorm
 
+    census = census or Census()
     ids = {id(p) for _, p in stepped}
     out: Dict[str, float] = {}
     tensors: List[Tuple[str, Any]] = []
     for prefix, root in roots:
         model = unwrap(root)
-        norms = {id(b) for m in model.modules() if isinstance(m, _BatchNorm) for b in m.buffers(recurse=False)}
-        tensors += [(prefix + n, t) for n, t in model.named_parameters() if id(t) not in ids]
-        tensors += [(prefix + n, t) for n, t in model.named_buffers() if id(t) not in norms]
+        norms = {id(b) for m in census.modules(model) if isinstance(m, _BatchNorm) for b in m.buffers(recurse=False)}
+        tensors += [(prefix + n, t) for n, t in census.named_parameters(model) if id(t) not in ids]
+        tensors += [(prefix + n, t) for n, t in census.named_buffers(model) if id(t) not in norms]
     for module in stateful:
         tensors += [(f"{type(module).__name__}.{n}", t) for n, t in module.named_buffers()]
     for name, t in tensors:
@@ -331,11 +338,12 @@ def untrained_state(roots: List[Tuple[str, Any]], stepped: List[Tuple[str, Any]]
     return out
 
 
-def eval_modes(roots: List[Tuple[str, Any]]) -> Tuple[int, int]:
+def eval_modes(roots: List[Tuple[str, Any]], census: Optional[Census] = None) -> Tuple[int, int]:
     """(in eval mode, in all) among the BatchNorm and dropout modules of the trained models: the
     modules whose mode changes what a step computes (left in eval() after a validation pass)."""
     from torch.nn.modules.batchnorm import _BatchNorm
     from torch.nn.modules.dropout import _DropoutNd
 
-    mods = [m for _, root in roots for m in unwrap(root).modules() if isinstance(m, (_BatchNorm, _DropoutNd))]
+    census = census or Census()
+    mods = [m for _, root in roots for m in census.modules(unwrap(root)) if isinstance(m, (_BatchNorm, _DropoutNd))]
     return sum(not m.training for m in mods), len(mods)

@@ -30,7 +30,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ...timing.structure.counter import quiet
 from ..gather import full_tensor
+from .census import Census
 from .fsdp1_flat import is_flat
+from .patches import fsdp1_clip, scheduler_steps
 from .scaler import scaler_calls
 from .sync import UNSYNCED_LAST, ddp_sync_off, fsdp2_sync
 from .where import EVAL_FORWARD, TRAIN_NO_GRAD, add, merged, user_line
@@ -73,7 +75,7 @@ def fingerprint(x) -> List[float]:
     if x.dim() == 0 or x.shape[0] == 0:
         return []
     flat = x.detach().reshape(x.shape[0], -1).to("cpu", torch.float64)
-    return [float(v) for v in flat @ weights(flat.shape[1])]
+    return (flat @ weights(flat.shape[1])).tolist()
 
 
 SPLITS = (2, 4, 8)  # the sequence splits a row's parts are fingerprinted for (context-parallel ranks)
@@ -89,7 +91,7 @@ def chunk_prints(x) -> Dict[int, List[float]]:
         return {}
     flat = x.detach().reshape(x.shape[0], -1).to("cpu", torch.float64)
     n = flat.shape[1]
-    return {k: [float(v) for v in (flat.reshape(-1, n // k) @ weights(n // k))] for k in SPLITS if n % k == 0 and n >= k}
+    return {k: (flat.reshape(-1, n // k) @ weights(n // k)).tolist() for k in SPLITS if n % k == 0 and n >= k}
 
 
 @functools.lru_cache(maxsize=64)
@@ -138,43 +140,6 @@ def pipeline_inference(depth: int = 12) -> bool:
     return False
 
 
-def fsdp1_clip(watch: "Watch") -> List[Tuple[Any, str, Any]]:
-    """The patch that observes FSDP1's own ``clip_grad_norm_`` method (it reduces the norm over its
-    shards), where FSDP1 is imported; none otherwise."""
-    fsdp1 = sys.modules.get("torch.distributed.fsdp.fully_sharded_data_parallel")
-    if fsdp1 is None:
-        return []
-    method = fsdp1.FullyShardedDataParallel.clip_grad_norm_
-
-    def observed_fsdp1_clip(module, max_norm, *args, **kwargs):
-        before = len(watch.clips_seen())
-        total = method(module, max_norm, *args, **kwargs)
-        if len(watch.clips_seen()) == before:  # NO_SHARD calls torch.nn.utils.clip_grad_norm_ itself
-            watch.saw_clip(total, max_norm)
-        return total
-    return [(fsdp1.FullyShardedDataParallel, "clip_grad_norm_", observed_fsdp1_clip)]
-
-
-def scheduler_steps(watch: "Watch") -> List[Tuple[Any, str, Any]]:
-    """The patches that note where ``scheduler.step()`` is called: ``LRScheduler.step`` and every
-    scheduler class of torch's that defines its own (``ReduceLROnPlateau``, ``SequentialLR``, ...).
-    The call a constructor makes (its initial step) is not the loop's."""
-    import inspect
-
-    from torch.optim import lr_scheduler
-
-    def observing(method):
-        def observed_step(scheduler, *args, **kwargs):
-            if sys._getframe(1).f_code.co_name not in ("_initial_step", "__init__"):
-                watch.saw_schedule()
-            return method(scheduler, *args, **kwargs)
-        return observed_step
-
-    classes = [c for c in vars(lr_scheduler).values() if inspect.isclass(c) and issubclass(c, lr_scheduler.LRScheduler)
-               and "step" in vars(c)]
-    return [(c, "step", observing(vars(c)["step"])) for c in classes]
-
-
 class Watch:
     """Global hooks for the duration of one loop (``installed()``); what they saw is read by the
     recorders at each step (``take_inputs``, ``loss``) and once after (``roots``, ``set_epoch_calls``).
@@ -198,6 +163,7 @@ class Watch:
         self.fsdp_sync = True  # FSDP2's set_requires_gradient_sync, as the loop last set it
         self.ddp_unsynced = False  # the last outermost forward was a DDP's inside no_sync()
         self._unsynced = ""  # the line of the step's last backward where it ran with gradient sync off
+        self.census = Census()  # the roots' module trees, walked once per window (cleared by the recorders)
 
     # -- hooks ------------------------------------------------------------------------------
     def _pre(self, module, args, kwargs=None):
@@ -238,7 +204,7 @@ class Watch:
                 add(self._inputs.where, TRAIN_NO_GRAD, line)  # a validation pass without eval()
             return
         add(self._inputs.where, "forward", line)
-        if not all(m.training for m in module.modules()):
+        if not all(m.training for m in self.census.modules(module)):
             add(self._inputs.where, EVAL_FORWARD, line)  # eval() left on after a validation pass
         plain = x is not None and not hasattr(x, "full_tensor")
         rows = fingerprint(x) if plain else []
@@ -309,7 +275,7 @@ class Watch:
 
         clip = torch.nn.utils.clip_grad_norm_
         clip_with_norm: Any = getattr(torch.nn.utils, "clip_grads_with_norm_", None)
-        patches = [(torch.autograd, "backward", observed_backward)]
+        patches: List[Tuple[Any, str, Any]] = [(torch.autograd, "backward", observed_backward)]
         if not self.light:  # a companion's run (light) needs its losses and models alone
             patches += [(DistributedSampler, "set_epoch", observed_set_epoch), (DistributedSampler, "__iter__", observed_pass),
                         (torch.nn.utils, "clip_grad_norm_", observed_clip),
@@ -356,7 +322,7 @@ class Watch:
         import torch
 
         with quiet():
-            params = [p for root in self.model_roots() for p in root.parameters() if p.requires_grad]
+            params = [p for root in self.model_roots() for p in self.census.parameters(root) if p.requires_grad]
             grads = [p.grad for p in params if p.grad is not None]
             self._left_gradients = any(bool(g.any()) for g in grads if not hasattr(g, "to_local"))
             sharded = any(hasattr(g, "to_local") for g in grads) or any(is_flat(p) for p in params)
@@ -364,7 +330,7 @@ class Watch:
         self._inputs.raw_norms.append(total)
 
     def _grads(self) -> List[Any]:
-        return [p.grad for root in self.model_roots() for p in root.parameters() if p.requires_grad]
+        return [p.grad for root in self.model_roots() for p in self.census.parameters(root) if p.requires_grad]
 
     def clips_seen(self) -> List[Tuple[float, float, bool]]:
         """The clippings seen in the step under way."""
@@ -395,5 +361,9 @@ class Watch:
 
     def model_roots(self) -> List[Any]:
         """The outermost modules run forward, minus those inside another (a checkpointed block)."""
-        inner = {id(m) for root in self.roots.values() for m in root.modules() if m is not root}
-        return [m for key, m in self.roots.items() if key not in inner]
+        key = ("model_roots", len(self.roots))  # a root first run forward since: read again
+        roots = self.census.derived.get(key)
+        if roots is None:
+            inner = {id(m) for root in self.roots.values() for m in self.census.modules(root) if m is not root}
+            roots = self.census.derived[key] = [m for k, m in self.roots.items() if k not in inner]
+        return list(roots)
