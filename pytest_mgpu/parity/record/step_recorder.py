@@ -27,7 +27,8 @@ from .census import Census
 from .mesh import tp_peers
 from .recorder import SideLog, StepLog, clean_name, describe, dtype_name, fsdp1_full_params, full_copies, unwrap
 from .fsdp1_flat import expand, is_flat, units
-from .watch import Inputs, Watch, weights
+from .prints import weights
+from .watch import Inputs, Watch
 from .where import add, frozen, user_line
 
 

@@ -21,7 +21,6 @@ passes cannot tell this, since it reads the batch size with ``next(iter(loader))
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import sys
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from ..gather import full_tensor
 from .census import Census
 from .fsdp1_flat import is_flat
 from .patches import fsdp1_clip, scheduler_steps
+from .prints import chunk_prints, fingerprint
 from .scaler import scaler_calls
 from .sync import UNSYNCED_LAST, ddp_sync_off, fsdp2_sync
 from .where import EVAL_FORWARD, TRAIN_NO_GRAD, add, merged, user_line
@@ -67,33 +67,6 @@ class Inputs:
         return total / len(self.losses) if self.pipeline else total
 
 
-def fingerprint(x) -> List[float]:
-    """One number per row of ``x`` (its first dimension): the row's dot product with a fixed vector
-    whose entries are all different, so that two rows collide only if they are equal in practice."""
-    import torch
-
-    if x.dim() == 0 or x.shape[0] == 0:
-        return []
-    flat = x.detach().reshape(x.shape[0], -1).to("cpu", torch.float64)
-    return (flat @ weights(flat.shape[1])).tolist()
-
-
-SPLITS = (2, 4, 8)  # the sequence splits a row's parts are fingerprinted for (context-parallel ranks)
-
-
-def chunk_prints(x) -> Dict[int, List[float]]:
-    """k -> the fingerprints of each row's k equal contiguous parts, row by row (row 0's parts first):
-    a rank fed part r of every row (the sequence split of context parallelism) feeds rows whose
-    fingerprints are the reference's parts, since a fingerprint's vector depends on the length alone."""
-    import torch
-
-    if x.dim() < 2 or x.shape[0] == 0:
-        return {}
-    flat = x.detach().reshape(x.shape[0], -1).to("cpu", torch.float64)
-    n = flat.shape[1]
-    return {k: (flat.reshape(-1, n // k) @ weights(n // k)).tolist() for k in SPLITS if n % k == 0 and n >= k}
-
-
 def total_norm(grads: List[Any]) -> float:
     """``float(torch.nn.utils.get_total_norm(grads))``: where the gradients are plain tensors of one
     dtype on one CPU or CUDA device, its own ops alone (``_foreach_norm``, ``stack``, ``vector_norm``),
@@ -106,14 +79,6 @@ def total_norm(grads: List[Any]) -> float:
         with torch.no_grad():
             return float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0))
     return float(torch.nn.utils.get_total_norm(grads))
-
-
-@functools.lru_cache(maxsize=64)
-def weights(n: int):
-    """A fixed float64 vector of ``n`` distinct entries: a fingerprint is a dot product with it."""
-    import torch
-
-    return torch.cos(torch.arange(n, dtype=torch.float64) * 0.7071 + 0.3) + 1.5
 
 
 def _first_tensor(args, kwargs):
@@ -172,7 +137,10 @@ class Watch:
         self.recomputed = False  # a module ran forward inside backward (activation checkpointing)
         self.sampler_passes = 0  # passes over a DistributedSampler (0: the loop uses none)
         self._inputs = Inputs()
-        self._depth = 0
+        self._depth = 0  # calls of the outermost module under way (0: the next module called is outermost)
+        self._top: Any = None  # the outermost module called last
+        self._ends: Optional[Dict[int, Any]] = {}  # id -> its own forward hook (None: a global one instead)
+        self._handles: List[Any] = []
         self._left_gradients = False  # the last backward pass left some gradient nonzero
         self.fsdp_sync = True  # FSDP2's set_requires_gradient_sync, as the loop last set it
         self.ddp_unsynced = False  # the last outermost forward was a DDP's inside no_sync()
@@ -183,12 +151,14 @@ class Watch:
     def _pre(self, module, args, kwargs=None):
         import torch
 
-        self._depth += 1
         if torch._C._current_autograd_node() is not None:
             self.recomputed = True  # a forward inside backward: activation checkpointing recomputes
             return None
-        if self._depth != 1:
+        if self._depth:
+            self._depth += module is self._top  # the outermost module called inside itself
             return None  # a submodule
+        self._depth, self._top = 1, module
+        self._ending(module)
         if pipeline_inference():
             return None  # a pipeline stage inferring its shapes on a made-up batch: not a step's rows
         if next(module.parameters(), None) is None:
@@ -230,8 +200,26 @@ class Watch:
         else:
             self._inputs.eval_rows += rows
 
-    def _post(self, module, args, output):
-        self._depth = max(0, self._depth - 1)
+    def _ending(self, module) -> None:
+        """A forward hook on a module called outermost: its end makes the next call outermost again.
+        Only those modules end through Python: a global forward hook made every module's call take
+        torch's slow path (8% of the minGPT-like trainer's step). A ScriptModule takes no hook of its
+        own: then a global one watches every module's end instead."""
+        from torch.nn.modules import module as M
+
+        if self._ends is None or id(module) in self._ends:
+            return
+        try:
+            self._ends[id(module)] = module.register_forward_hook(self._end)
+        except RuntimeError:
+            for handle in self._ends.values():
+                handle.remove()
+            self._ends = None
+            self._handles.append(M.register_module_forward_hook(self._end))
+
+    def _end(self, module, args, output):
+        if module is self._top and self._depth:
+            self._depth -= 1
         return None
 
     def take_inputs(self) -> Inputs:
@@ -250,7 +238,7 @@ class Watch:
         from torch.nn.modules import module as M
         from torch.utils.data.distributed import DistributedSampler
 
-        handles = [M.register_module_forward_pre_hook(self._pre), M.register_module_forward_hook(self._post)]
+        self._handles = [M.register_module_forward_pre_hook(self._pre)]
         backward, set_epoch, passes = torch.autograd.backward, DistributedSampler.set_epoch, DistributedSampler.__iter__
         watch = self
 
@@ -305,8 +293,9 @@ class Watch:
         finally:
             for owner, name, original in saved:
                 setattr(owner, name, original)
-            for h in handles:
+            for h in self._handles + list((self._ends or {}).values()):
                 h.remove()
+            self._ends, self._handles = {}, []
 
     def put_back(self, seen: Inputs) -> None:
         """A step that was not counted: what it saw belongs to the next one."""
