@@ -3,7 +3,9 @@ reference's one process (their one-device loop, and its companions): which recor
 (``record="log"``: the loop calls ``log``; ``"optimizer"``: every ``optimizer.step()``), how it is
 called (``spawn=True``: as ``mp.spawn`` calls an entry point, with no process group up), and, for
 the reference, the runs that measure the floor (``loop_companions``), whose distances from the
-reference are computed here, in that process, so that only numbers cross back.
+reference are computed here, in that process, so that only numbers cross back. Those runs are
+recorded light (``run_side(light=True)``): each step's loss, gradients, parameters and learning rates,
+all their distances read, the same values as the full recorder's.
 """
 from __future__ import annotations
 

@@ -96,19 +96,21 @@ def rebuilt(flat):
 
 
 def unpack(packed) -> Dict[str, Any]:
+    """``pack``'s tensors again: views of each dtype's buffer, cut by one ``split`` per buffer (the
+    pieces lie in order, one after the other)."""
+    import torch
+
     names, metas, flats = packed
     flats = {k: rebuilt(v) for k, v in flats.items()}
-    out: Dict[str, Any] = {}
-    for name, meta in zip(names, metas):
-        if meta is None:
-            out[name] = None
-            continue
-        key, shape, offset = meta
-        n = 1
-        for d in shape:
-            n *= d
-        out[name] = flats[key][offset:offset + n].view(shape)
-    return out
+    sizes: Dict[str, List[int]] = {}
+    for meta in metas:
+        if meta is not None:
+            n = 1
+            for d in meta[1]:
+                n *= d
+            sizes.setdefault(meta[0], []).append(n)
+    pieces = {k: iter(torch.split(flats[k], v)) for k, v in sizes.items()}
+    return {name: None if meta is None else next(pieces[meta[0]]).view(meta[1]) for name, meta in zip(names, metas)}
 
 
 def unpack_step(loss: float, grads, params, rows, backwards=1, lrs=(), clips=(), state=(0, -1.0), hyper=(),
@@ -187,14 +189,15 @@ def full_copies(ts: List[Any]) -> List[Any]:
     return out
 
 
-def fsdp1_full_params(model):
+def fsdp1_full_params(model, modules: Optional[List[Any]] = None):
     """FSDP1 keeps flat shards: unshard them (with gradients) while we read. Looked up only if the
-    user imported FSDP, so that plain loops do not pay for importing it."""
+    user imported FSDP, so that plain loops do not pay for importing it. ``modules``: ``model.modules()``
+    where the caller has them already."""
     if "torch.distributed.fsdp" not in sys.modules:
         return contextlib.nullcontext()
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    units = [m for m in model.modules() if isinstance(m, FSDP)]
+    units = [m for m in (model.modules() if modules is None else modules) if isinstance(m, FSDP)]
     if not units or not all(getattr(m, "_use_orig_params", True) for m in units):
         return contextlib.nullcontext()  # use_orig_params=False: its flat parameters are read by fsdp1_flat
     return FSDP.summon_full_params(model, with_grads=True, writeback=False)

@@ -113,7 +113,7 @@ class StepRecorder:
         lrs = [float(g["lr"]) for g in optimizer.param_groups if "lr" in g]
         self._lr_zero = bool(lrs) and not any(lrs)
         models = self._owners(named)
-        params, grads = read_full(named, models)
+        params, grads = read_full(named, models, census)
         if any(g is not None for g in grads.values()) and all(g is None or not bool(g.any()) for g in grads.values()):
             self._before = {n: _local(p).detach().clone() for n, p in named}
         if not self.side.steps:
@@ -153,7 +153,7 @@ class StepRecorder:
         elif len(self.side.steps) < self.steps:
             return
         named = self._named(optimizer)
-        self.side.final = read_full(named, self._owners(named))[0]
+        self.side.final = read_full(named, self._owners(named), self.watch.census)[0]
         self.watch.census.clear()
         raise StopTraining(f"stopped after optimizer step {self.steps}")
 
@@ -176,10 +176,14 @@ class StepRecorder:
         where none does). A model rebuilt in the same process (reloaded from a checkpoint) leaves the
         first one among the roots: only the models an optimizer steps name its parameters, so the
         rebuilt one takes no class prefix."""
-        ids = {id(p) for p in params}
-        roots = self.watch.model_roots()
-        owners = [r for r in roots if any(id(p) in ids for p in self.watch.census.parameters(unwrap(r)))]
-        return prefixed(owners or roots)
+        key = ("owners", tuple(id(p) for p in params))  # asked twice a step: once per census window
+        got = self.watch.census.derived.get(key)
+        if got is None:
+            ids = {id(p) for p in params}
+            roots = self.watch.model_roots()
+            owners = [r for r in roots if any(id(p) in ids for p in self.watch.census.parameters(unwrap(r)))]
+            got = self.watch.census.derived[key] = prefixed(owners or roots)
+        return list(got)
 
     def _named(self, optimizer) -> List[Tuple[str, Any]]:
         """The optimizer's parameters under their model names (computed once per optimizer)."""
@@ -223,17 +227,18 @@ class StepRecorder:
         return {}
 
 
-def read_full(named: List[Tuple[str, Any]], models: List[Tuple[str, Any]]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+def read_full(named: List[Tuple[str, Any]], models: List[Tuple[str, Any]],
+              census: Optional[Census] = None) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """(params, grads): CPU copies of whole tensors, under the models' names. DTensors are gathered,
     FSDP1 units unsharded (with ``use_orig_params=False``, each flat parameter is read as torch lays
-    it out: ``fsdp1_flat``)."""
+    it out: ``fsdp1_flat``). ``census``: the models' trees as the step's recording walked them."""
     flats = units([unwrap(root) for _, root in models]) if any(is_flat(p) for _, p in named) else {}
     params: Dict[str, Any] = {}
     grads: Dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
         if not flats:
             for _, root in models:
-                stack.enter_context(fsdp1_full_params(root))
+                stack.enter_context(fsdp1_full_params(root, census.modules(root) if census else None))
         plain: List[Tuple[str, Any]] = []
         for n, p in named:
             if id(p) in flats:

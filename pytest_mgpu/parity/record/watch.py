@@ -3,12 +3,13 @@ ranks): the models it ran forward, the rows of their inputs, the scalar it last 
 whether it called ``DistributedSampler.set_epoch``, and whether autocast was on.
 
 Why global hooks: the loop is the user's, unchanged (an ``mp.spawn`` entry, an epoch-based
-``Trainer``); nothing in it names its model, loss or sampler to us. Torch offers module-wide
-forward hooks (``register_module_forward_pre_hook``), and every ``loss.backward()`` goes through
-``torch.autograd.backward``; those two, ``DistributedSampler.set_epoch`` and
-``torch.nn.utils.clip_grad_norm_`` / ``clip_grads_with_norm_`` (the norm each side clipped with) are all
-we patch, and only while
-the loop runs.
+``Trainer``); nothing in it names its model, loss or sampler to us. Torch offers a module-wide
+forward pre-hook (``register_module_forward_pre_hook``; a module called outermost then gets a forward
+hook of its own, which marks where its call ends), and every ``loss.backward()`` goes through
+``torch.autograd.backward``; those, ``DistributedSampler.set_epoch``, ``torch.nn.utils.clip_grad_norm_``
+/ ``clip_grads_with_norm_`` (the norm each side clipped with), the schedulers' and a GradScaler's calls
+(``patches``, ``scaler``) are all we patch, and only while the loop runs. A companion's run
+(``light``) needs only the models and the losses: the pre-hook and ``backward``.
 
 The input rows are fingerprinted (one float64 per row: the row's dot product with a fixed vector),
 so the test process can tell, from the numbers alone, whether the ranks' rows together are the
