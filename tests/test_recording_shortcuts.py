@@ -4,6 +4,7 @@ them its own way; the gradient norm is ``get_total_norm``'s to the bit; a spawne
 finds a name bound to ``init_process_group`` after an earlier call read the modules. In process."""
 import sys
 import types
+import warnings
 
 import torch
 import torch.distributed as tdist
@@ -75,3 +76,49 @@ def test_a_name_bound_after_an_earlier_read_is_redirected():
         assert any(names is vars(tdist) for names, _ in bound_to(original))
     finally:
         del sys.modules["late_binder"]
+
+
+class Inner(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+class SelfCalling(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, depth=0):
+        return self.lin(x) if depth == 2 else self.lin(self(x, depth + 1))  # a submodule after itself
+
+
+def test_only_the_outermost_calls_are_a_steps_forwards():
+    """A module called outermost ends through its own hook (a ScriptModule through a global one): the
+    calls nested in it, in itself or in another, are not the step's; the hooks are gone after."""
+    from torch.nn.modules import module as M
+
+    from pytest_mgpu.parity.record.watch import Watch
+
+    first, again, selfish = Inner(), Inner(), SelfCalling()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.jit.script is deprecated, and still met
+        script = torch.jit.script(nn.Sequential(nn.Linear(4, 4)))
+    for scripted in (False, True):
+        watch = Watch()
+        with watch.installed():
+            x = torch.randn(3, 4)
+            y = first(x)
+            selfish(x)
+            nn.MSELoss()(y, again(x))
+            if scripted:
+                script(x)
+                first(x)
+            seen = watch.take_inputs()
+        assert [type(m).__name__ for m in watch.roots.values()] == ["Inner", "SelfCalling", "Inner"] + \
+            (["RecursiveScriptModule"] if scripted else [])
+        assert seen.calls == (5 if scripted else 3) and len(seen.rows) == 3 * seen.calls
+    assert not first._forward_hooks and not selfish._forward_hooks and not M._global_forward_hooks
