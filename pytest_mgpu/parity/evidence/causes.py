@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Final, List, Optional, Tuple
 
-from . import conduct, gradients, inputs, loss, state, update
+from . import conduct, gradients, inputs, loss, outputs, state, update
 from .conditions import (always, below, experts, experts_only, inverse, local_batch, owned_parts, passes, scaled,
                          scaler_order, world)
 from .facts import UserFacts
@@ -137,6 +137,37 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "loss's (zero_grad ran before it), so the step's gradient is another."),
     Cause("output-order", "the output rows are the reference's in another order", "append each micro-batch's output "
           "in input order and torch.cat once"),
+    Cause("loss-positions", "a mask leaves positions the reference's loss counts out of the ranks' loss (a loss or "
+          "label mask, the ignore index, or lengths computed otherwise)", "mask the same positions as the reference "
+          "(the mask built from the same lengths and special tokens, the end-of-sequence token kept where it is)"),
+    Cause("loss-positions-extra", "the ranks' loss counts positions the reference leaves out (padding or ignored "
+          "labels not masked: labels not set to the ignore index (-100, 255), a mask not applied)", "set the labels "
+          "of padding and ignored positions to the loss's ignore_index (or multiply by the mask), as the reference does"),
+    Cause("loss-positions-other", "the ranks' loss reads other positions than the reference's (a mask or the "
+          "targets' alignment built otherwise)", "build the loss mask and align the targets as the reference does"),
+    Cause("loss-shift", "the targets are aligned one position otherwise than the reference's (the next-token shift "
+          "missing, done twice, or on the other side)", "shift once, as the reference does: logits[:, :-1] predict "
+          "labels[:, 1:]"),
+    Cause("loss-rank-scale", "each rank normalises its loss by a quantity of its own rows (a count of tokens or valid "
+          "rows, or the mean or std of rewards or advantages taken locally) where the reference takes it over the "
+          "whole batch", "compute the normaliser over the whole batch: all_reduce the count, or gather the rewards "
+          "or advantages from every rank before normalising, as the reference does"),
+    Cause("loss-row-mean", "each row's loss is averaged over its positions where the reference sums them (per-row "
+          "log-probs as a mean over tokens)", "sum over each row's positions as the reference does (or average alike "
+          "on both sides)"),
+    Cause("loss-row-sum", "the loss is averaged over all tokens together (divided by a token count) where the "
+          "reference averages each row over its own positions first", "average each row over its positions, then "
+          "over the rows, as the reference does (or divide alike on both sides)"),
+    Cause("loss-row-weights", "the loss weights rows otherwise than the reference: per-row terms (advantages, "
+          "rewards, baselines or group statistics, per-row reference values, sample weights) computed over other "
+          "rows, groups or pairs, or misaligned with their rows (another slice or offset of a gathered tensor)", "compute the per-row terms over the same rows and groups "
+          "as the reference (gather what they need from every rank first) and keep them aligned with their rows "
+          "(the rank's own slice, the same order)"),
+    Cause("loss-rows-moved", "rows get another row's loss terms (per-row targets, weights or reference values read "
+          "at another offset, slice or order than their rows)", "slice per-row terms with the rank's own offset "
+          "(rank x rows per rank) and keep them in their rows' order"),
+    Cause("loss-from-outputs", "the loss is computed otherwise from the same outputs (its targets, mask, per-row "
+          "weights or function)", "compute the loss from the model's outputs as the reference does"),
     Cause("loss-other", "the loss backpropagated is multiplied by a GradScaler's scale on one side only",
           "scale alike on both sides (scaler.scale(loss).backward() on each), or backpropagate the unscaled loss on "
           "both", "", scaled),
@@ -315,8 +346,8 @@ def localise(report: Report) -> List[Finding]:
     f = report.facts
     if not isinstance(f, UserFacts):
         return []
-    found = state.findings(report, f) + conduct.findings(report, f) + inputs.findings(f) + loss.findings(report, f) + \
-        gradients.findings(report, f) + update.findings(report, f)
+    found = state.findings(report, f) + conduct.findings(report, f) + inputs.findings(f) + \
+        outputs.findings(report, f) + loss.findings(report, f) + gradients.findings(report, f) + update.findings(report, f)
     first = report.first_divergence
     while first is not None and first < len(report.records) - 1 and loss.counted_otherwise(report, f, first):
         first += 1  # a loss counted otherwise beside the same gradients: training diverges later

@@ -72,3 +72,5 @@ class UserFacts(RunFacts):
     ref_where: List[Dict[str, Tuple[str, ...]]] = field(default_factory=list)  # per step: the reference's
     rank_scaler: List[List[tuple]] = field(default_factory=list)  # per step, per rank: (GradScaler scale, call order)
     ref_scaler: List[tuple] = field(default_factory=list)  # per step: the reference's
+    rank_probes: List[list] = field(default_factory=list)  # per rank: step 0's outputs and their gradients
+    ref_probes: list = field(default_factory=list)  # the reference's (record/probe.py)

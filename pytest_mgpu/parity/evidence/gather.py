@@ -57,6 +57,8 @@ def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Lay
     facts.ref_where = [s.where for s in ref.steps]
     facts.rank_scaler = [[side.steps[i].scaler for side in ranks] for i in range(steps)]
     facts.ref_scaler = [s.scaler for s in ref.steps]
+    facts.ref_probes = list(ref.steps[0].probes) if ref.steps else []
+    facts.rank_probes = [list(ranks[r].steps[0].probes) if ranks[r].steps else [] for r in first]
     _holdings(facts, ranks, ref, layout)
     facts.recomputed = any(side.recomputed for side in ranks)
     facts.shards_apart = shards_apart(ranks[0].steps[0].params, ref.steps[0].params, len(ranks)) \

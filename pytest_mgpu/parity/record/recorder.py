@@ -44,6 +44,7 @@ class StepLog:
     where: Dict[str, Tuple[str, ...]] = field(default_factory=dict)  # hook kind -> "file:line" in the loop (where.py)
     scaler: Tuple[float, Tuple[str, ...]] = (float("nan"), ())  # a GradScaler's scale, its scale/unscale_/clip order
     chunks: Dict[int, List[float]] = field(default_factory=dict)  # k -> the rows' k equal parts' fingerprints
+    probes: List[Any] = field(default_factory=list)  # the first step's outputs and their gradients (probe.py)
 
     def __reduce__(self):
         """Crosses back packed: every tensor of a step in one flat buffer per dtype. Measured on the
@@ -51,7 +52,7 @@ class StepLog:
         0.02 s (a parity call moves one such record per rank, and one for the reference)."""
         return unpack_step, (self.loss, pack(self.grads), pack(self.params), self.rows, self.backwards, self.lrs,
                              self.clips, self.state, self.hyper, self.untrained, self.raw_norm, self.zeroed, self.modes,
-                             self.where, self.scaler, self.chunks)
+                             self.where, self.scaler, self.chunks, self.probes)
 
 
 def pack(tensors: Dict[str, Any]):
@@ -113,10 +114,10 @@ def unpack(packed) -> Dict[str, Any]:
 
 def unpack_step(loss: float, grads, params, rows, backwards=1, lrs=(), clips=(), state=(0, -1.0), hyper=(),
                 untrained=None, raw_norm=float("nan"), zeroed=(), modes=(0, 0), where=None,
-                scaler=(float("nan"), ()), chunks=None) -> "StepLog":
+                scaler=(float("nan"), ()), chunks=None, probes=()) -> "StepLog":
     return StepLog(loss, unpack(grads), unpack(params), rows, backwards, list(lrs), list(clips), tuple(state),
                    list(hyper), dict(untrained or {}), raw_norm, list(zeroed), tuple(modes), dict(where or {}),
-                   (scaler[0], tuple(scaler[1])), dict(chunks or {}))
+                   (scaler[0], tuple(scaler[1])), dict(chunks or {}), list(probes))
 
 
 @dataclass

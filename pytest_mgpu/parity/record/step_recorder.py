@@ -125,7 +125,7 @@ class StepRecorder:
                                                        list(self.watch.stateful.values())),
                                        seen.raw_norms[-1] if seen.raw_norms else float("nan"), seen.zeroed,
                                        eval_modes(models), frozen(seen.where), (seen.scale, tuple(seen.order)),
-                                       seen.chunks))
+                                       seen.chunks, seen.probes))
         if self.on_first and len(self.side.steps) == 1:
             self.on_first(self.side)
 

@@ -31,6 +31,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from ...timing.structure.counter import quiet
 from ..gather import full_tensor
 from .fsdp1_flat import is_flat
+from .calls import fsdp1_clip, scheduler_steps
+from .probe import attach
 from .scaler import scaler_calls
 from .sync import UNSYNCED_LAST, ddp_sync_off, fsdp2_sync
 from .where import EVAL_FORWARD, TRAIN_NO_GRAD, add, merged, user_line
@@ -53,6 +55,7 @@ class Inputs:
     scale: float = math.nan  # the GradScaler's scale its last scale(loss) multiplied by (NaN: no scaler)
     order: List[str] = field(default_factory=list)  # "scale", "unscale_", "clip" in the order the loop called them
     chunks: Dict[int, List[float]] = field(default_factory=dict)  # k -> each row's k equal parts' fingerprints
+    probes: List[Any] = field(default_factory=list)  # the first step's outputs and their gradients (probe.py)
 
     def loss(self) -> float:
         """The step's loss, combined as its gradients are: the sum of the scalars backpropagated
@@ -138,43 +141,6 @@ def pipeline_inference(depth: int = 12) -> bool:
     return False
 
 
-def fsdp1_clip(watch: "Watch") -> List[Tuple[Any, str, Any]]:
-    """The patch that observes FSDP1's own ``clip_grad_norm_`` method (it reduces the norm over its
-    shards), where FSDP1 is imported; none otherwise."""
-    fsdp1 = sys.modules.get("torch.distributed.fsdp.fully_sharded_data_parallel")
-    if fsdp1 is None:
-        return []
-    method = fsdp1.FullyShardedDataParallel.clip_grad_norm_
-
-    def observed_fsdp1_clip(module, max_norm, *args, **kwargs):
-        before = len(watch.clips_seen())
-        total = method(module, max_norm, *args, **kwargs)
-        if len(watch.clips_seen()) == before:  # NO_SHARD calls torch.nn.utils.clip_grad_norm_ itself
-            watch.saw_clip(total, max_norm)
-        return total
-    return [(fsdp1.FullyShardedDataParallel, "clip_grad_norm_", observed_fsdp1_clip)]
-
-
-def scheduler_steps(watch: "Watch") -> List[Tuple[Any, str, Any]]:
-    """The patches that note where ``scheduler.step()`` is called: ``LRScheduler.step`` and every
-    scheduler class of torch's that defines its own (``ReduceLROnPlateau``, ``SequentialLR``, ...).
-    The call a constructor makes (its initial step) is not the loop's."""
-    import inspect
-
-    from torch.optim import lr_scheduler
-
-    def observing(method):
-        def observed_step(scheduler, *args, **kwargs):
-            if sys._getframe(1).f_code.co_name not in ("_initial_step", "__init__"):
-                watch.saw_schedule()
-            return method(scheduler, *args, **kwargs)
-        return observed_step
-
-    classes = [c for c in vars(lr_scheduler).values() if inspect.isclass(c) and issubclass(c, lr_scheduler.LRScheduler)
-               and "step" in vars(c)]
-    return [(c, "step", observing(vars(c)["step"])) for c in classes]
-
-
 class Watch:
     """Global hooks for the duration of one loop (``installed()``); what they saw is read by the
     recorders at each step (``take_inputs``, ``loss``) and once after (``roots``, ``set_epoch_calls``)."""
@@ -196,6 +162,7 @@ class Watch:
         self.fsdp_sync = True  # FSDP2's set_requires_gradient_sync, as the loop last set it
         self.ddp_unsynced = False  # the last outermost forward was a DDP's inside no_sync()
         self._unsynced = ""  # the line of the step's last backward where it ran with gradient sync off
+        self._probing, self._pending = True, None  # outputs probed until a step has some; the call's rows
 
     # -- hooks ------------------------------------------------------------------------------
     def _pre(self, module, args, kwargs=None):
@@ -227,7 +194,7 @@ class Watch:
         where the step ran no forward in training mode (a model trained in eval mode)."""
         import torch
 
-        line = user_line(2)
+        line, self._pending = user_line(2), None
         if not torch.is_grad_enabled() and not in_function():
             add(self._inputs.where, "forward under no_grad", line)
             if module.training:
@@ -239,6 +206,7 @@ class Watch:
         plain = x is not None and not hasattr(x, "full_tensor")
         rows = fingerprint(x) if plain else []
         if module.training:
+            self._pending = rows if self._probing and rows else None
             self._inputs.rows += rows
             self._inputs.calls += 1
             for k, prints in (chunk_prints(x) if plain else {}).items():
@@ -248,11 +216,16 @@ class Watch:
 
     def _post(self, module, args, output):
         self._depth = max(0, self._depth - 1)
+        if self._depth == 0 and self._pending is not None:
+            probe, self._pending = attach(output, self._pending), None
+            if probe is not None:
+                self._inputs.probes.append(probe)
         return None
 
     def take_inputs(self) -> Inputs:
         """The rows seen since the last step; starts the next step's."""
         got, self._inputs, self._depth = self._inputs, Inputs(), 0
+        self._probing = self._probing and not got.probes
         if self._unsynced:
             add(got.where, UNSYNCED_LAST, self._unsynced)
             self._unsynced = ""
