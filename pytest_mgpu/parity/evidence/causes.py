@@ -137,20 +137,19 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "loss's (zero_grad ran before it), so the step's gradient is another."),
     Cause("output-order", "the output rows are the reference's in another order", "append each micro-batch's output "
           "in input order and torch.cat once"),
-    Cause("loss-positions", "a mask leaves positions the reference's loss counts out of the ranks' loss (a loss or "
-          "label mask, the ignore index, or lengths computed otherwise)", "mask the same positions as the reference "
+    Cause("loss-positions", "a mask leaves out of the ranks' loss positions the reference's counts (a loss or label "
+          "mask, the ignore index, lengths)", "mask the same positions as the reference "
           "(the mask built from the same lengths and special tokens, the end-of-sequence token kept where it is)"),
     Cause("loss-positions-extra", "the ranks' loss counts positions the reference leaves out (padding or ignored "
-          "labels not masked: labels not set to the ignore index (-100, 255), a mask not applied)", "set the labels "
+          "labels not masked: not set to the ignore index, -100 or 255)", "set the labels "
           "of padding and ignored positions to the loss's ignore_index (or multiply by the mask), as the reference does"),
     Cause("loss-positions-other", "the ranks' loss reads other positions than the reference's (a mask or the "
           "targets' alignment built otherwise)", "build the loss mask and align the targets as the reference does"),
-    Cause("loss-shift", "the targets are aligned one position otherwise than the reference's (the next-token shift "
-          "missing, done twice, or on the other side)", "shift once, as the reference does: logits[:, :-1] predict "
+    Cause("loss-shift", "the targets are aligned one position otherwise (the next-token shift missing, done twice, "
+          "or on the other side)", "shift once, as the reference does: logits[:, :-1] predict "
           "labels[:, 1:]"),
-    Cause("loss-rank-scale", "each rank normalises its loss by a quantity of its own rows (a count of tokens or valid "
-          "rows, or the mean or std of rewards or advantages taken locally) where the reference takes it over the "
-          "whole batch", "compute the normaliser over the whole batch: all_reduce the count, or gather the rewards "
+    Cause("loss-rank-scale", "each rank normalises its loss by a quantity of its own rows (a count of tokens or rows, "
+          "the mean or std of rewards or advantages taken locally), not the whole batch's", "compute the normaliser over the whole batch: all_reduce the count, or gather the rewards "
           "or advantages from every rank before normalising, as the reference does"),
     Cause("loss-row-mean", "each row's loss is averaged over its positions where the reference sums them (per-row "
           "log-probs as a mean over tokens)", "sum over each row's positions as the reference does (or average alike "
@@ -158,9 +157,8 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("loss-row-sum", "the loss is averaged over all tokens together (divided by a token count) where the "
           "reference averages each row over its own positions first", "average each row over its positions, then "
           "over the rows, as the reference does (or divide alike on both sides)"),
-    Cause("loss-row-weights", "the loss weights rows otherwise than the reference: per-row terms (advantages, "
-          "rewards, baselines or group statistics, per-row reference values, sample weights) computed over other "
-          "rows, groups or pairs, or misaligned with their rows (another slice or offset of a gathered tensor)", "compute the per-row terms over the same rows and groups "
+    Cause("loss-row-weights", "per-row loss weights differ (advantages, rewards, baselines or sample weights computed "
+          "over other rows, groups or pairs, or at another slice offset)", "compute the per-row terms over the same rows and groups "
           "as the reference (gather what they need from every rank first) and keep them aligned with their rows "
           "(the rank's own slice, the same order)"),
     Cause("loss-rows-moved", "rows get another row's loss terms (per-row targets, weights or reference values read "

@@ -95,26 +95,25 @@ def _positions(found: List[Pair]) -> Optional[Finding]:
         only_ref += len(mine)
         only_rank += sum(1 for x, y in zip(a, b) if x and not y)
         last = last and bool(mine) and mine == [max(t for t, y in enumerate(b) if y)]
-        shifts.add(next((s for s in (1, -1) if a == [b[t - s] if 0 <= t - s < len(b) else False
-                                                      for t in range(len(b))]), 0))
+        shifts.add(next((s for s in (1, -1) if sum(a) == sum(b) and a == [b[t - s] if 0 <= t - s < len(b) else False
+                                                                          for t in range(len(b))]), 0))
     if not rows:
         return None
     n = len(found)
     total = sum(int(sum(_read(p.h, max(float(p.h.norm(dim=1).max()), 1e-30)))) for p in found)
     if shifts in ({1}, {-1}):
         way = "later" if shifts == {1} else "earlier"
-        return Finding(0, "loss", "certain rows", "loss-shift", f"at step 0, with the same weights and the same "
+        return Finding(0, "loss", "certain rows", "loss-shift", f"at step 0, with the same weights and "
                        f"outputs, the ranks' loss reads each row's outputs one position {way} than the reference's "
                        f"({rows} of {n} rows)")
-    where = " (the last position the reference reads in each such row)" if last and only_ref and not only_rank else ""
-    what = (f"the ranks' loss leaves out {only_ref} position(s) the reference's reads{where}" if not only_rank else
-            f"the ranks' loss reads {only_rank} position(s) the reference's leaves out" if not only_ref else
-            f"the ranks' loss reads {only_rank} position(s) the reference's leaves out and leaves out {only_ref} it "
-            f"reads")
+    where = " (the last it reads in each such row)" if last and only_ref and not only_rank else ""
+    what = (f"the ranks' loss leaves out {only_ref} of the {total} positions the reference's reads{where}" if not only_rank
+            else f"the ranks' loss reads {only_rank} positions the reference's leaves out (of {total} it reads)"
+            if not only_ref else f"the ranks' loss reads {only_rank} positions the reference's leaves out and leaves "
+            f"out {only_ref} of the {total} it reads")
     return Finding(0, "loss", "certain rows", "loss-positions" if only_ref and not only_rank else
                    "loss-positions-extra" if not only_ref else "loss-positions-other",
-                   f"at step 0, with the same weights and the same outputs, {what} ({rows} of {n} rows, "
-                   f"{total} positions read in all)")
+                   f"at step 0, with the same weights and outputs, {what}, in {rows} of {n} rows")
 
 
 def _factor(p: Pair) -> Tuple[float, float]:
@@ -146,21 +145,21 @@ def _rows_scaled(found: List[Pair], f: UserFacts) -> Optional[Finding]:
     own = {r: statistics.median(v) for r, v in per_rank.items()}
     if len(own) > 1 and all(abs(c - own[r]) <= FACTOR * max(abs(own[r]), 1e-30) for r, v in per_rank.items() for c in v):
         shown = ", ".join(f"rank {r}: {c:.4g}x" for r, c in sorted(own.items())[:4])
-        return Finding(0, "loss", "certain rows", "loss-rank-scale", f"at step 0, with the same weights and the same "
+        return Finding(0, "loss", "certain rows", "loss-rank-scale", f"at step 0, with the same weights and "
                        f"outputs, each rank's loss scales the gradient of its rows by a factor of its own ({shown} the "
                        f"reference's)", names=tuple(map(str, sorted(own))))
     lengths = [sum(_read(p.h, max(float(p.h.norm(dim=1).max()), 1e-30))) for p in found]
     lo, hi = min(cs), max(cs)
-    span = f"per-row factors from {lo:.3g}x to {hi:.3g}x the reference's, in {n} rows"
+    span = f"per-row factors {lo:.3g}x to {hi:.3g}x, {n} rows"
     if len(set(lengths)) > 1 and found[0].g.shape[0] > 1:
         for signal, k in (("loss-row-mean", [c * m for c, m in zip(cs, lengths)]),
                           ("loss-row-sum", [c / m for c, m in zip(cs, lengths)])):
             if _per_rank_constant(found, k):
-                return Finding(0, "loss", "certain rows", signal, f"at step 0, with the same weights and the same "
+                return Finding(0, "loss", "certain rows", signal, f"at step 0, with the same weights and "
                                f"outputs, the ranks' loss weights each row by {'1/' if signal.endswith('mean') else ''}"
                                f"the number of positions it reads, against the reference's ({span})")
-    return Finding(0, "loss", "certain rows", "loss-row-weights", f"at step 0, with the same weights and the same "
-                   f"outputs, the ranks' loss weights the rows otherwise than the reference's ({span})")
+    return Finding(0, "loss", "certain rows", "loss-row-weights", f"at step 0, with the same weights and outputs, "
+                   f"the rows' loss gradients are the reference's by {span}")
 
 
 def _per_rank_constant(found: List[Pair], k: List[float]) -> bool:
@@ -183,7 +182,7 @@ def _other_rows(found: List[Pair], off: List[Pair]) -> Finding:
     n = len(found)
     if moved and len(moved) * 2 >= len(off):
         e = ", ".join(f"rank {p.rank} row {p.row} ~ reference row {j}" for p, j in moved[:2])
-        return Finding(0, "loss", "certain rows", "loss-rows-moved", f"at step 0, with the same weights and the same "
+        return Finding(0, "loss", "certain rows", "loss-rows-moved", f"at step 0, with the same weights and "
                        f"outputs, {len(moved)} of {n} rows get the loss gradient of another reference row ({e})")
-    return Finding(0, "loss", "certain rows", "loss-from-outputs", f"at step 0, with the same weights and the same "
+    return Finding(0, "loss", "certain rows", "loss-from-outputs", f"at step 0, with the same weights and "
                    f"outputs, the loss's gradient with respect to them differs in {len(off)} of {n} rows")
