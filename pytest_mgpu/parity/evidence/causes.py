@@ -312,6 +312,13 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("update-frozen", "parameters that never change", "build the optimizer from the model's parameters with a "
           "nonzero lr", "The optimizer holds other parameters than the model's, or its lr is 0."),
 )
+# The model's outputs differ for the same rows and weights: the forward causes of a loss that differs, and a
+# forward computed otherwise where none of their conditions holds.
+FORWARD: Final = tuple(Cause("forward-other", c.what, c.fix, c.why, c.when) for c in TABLE
+                       if c.signal == "loss-other" and c.when not in (always, scaled, local_batch)) + (
+    Cause("forward-other", "the model's forward computes otherwise on the ranks (a layer reading other ranks' data, "
+          "a buffer or a mode differs)", "find the first module whose output differs for one batch on both sides "
+          "and compute it as the reference does"),)
 # Evidence that only passes a difference on (clipping of gradients that already differ): a lead only
 # where nothing else was found.
 PASSES_ON: Final = ("clip-passes-on",)
@@ -320,7 +327,7 @@ NO_CAUSE: Final = ("no known cause detected: look for rank-dependent code, non-d
 
 
 def cause_of(x: Finding, f: UserFacts) -> Optional[Cause]:
-    return next((c for c in TABLE if c.signal == x.signal and c.when(x, f)), None)
+    return next((c for c in TABLE + FORWARD if c.signal == x.signal and c.when(x, f)), None)
 
 
 def said(x: Finding, f: UserFacts) -> str:

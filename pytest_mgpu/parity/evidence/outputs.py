@@ -6,8 +6,8 @@ reference does; what else is seen names how the loss is computed otherwise from 
 positions the loss reads on one side only (a mask, padding, ignored labels), the positions shifted
 by one (targets aligned otherwise), each rank's rows scaled by a factor of its own (a normalisation
 over the rank's rows), rows weighted otherwise (per-row weights, a mean over a row's positions
-where the reference sums), or rows given another row's terms. Outputs that differ say nothing here:
-the forward differs, and the other phases read it."""
+where the reference sums), or rows given another row's terms. Outputs that differ for the same rows
+and weights, at the step where training diverges first, say the forward computes otherwise."""
 from __future__ import annotations
 
 import math
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from .facts import UserFacts
-from .finding import Finding
+from .finding import Finding, over
 
 AGREE = 1e-4  # relative: an output row that is the reference's (its fingerprint and its norm)
 SAME = 1e-2  # relative: a gradient row that is a multiple of the reference's (the residual)
@@ -43,34 +43,47 @@ def _same_output(a: Tuple[float, float], b: Tuple[float, float], width: int) -> 
     return abs(a[1] - b[1]) <= AGREE * scale and abs(a[0] - b[0]) <= AGREE * scale * 1.6 * math.sqrt(width)
 
 
-def pairs(f: UserFacts) -> List[Pair]:
-    """Every rank row mapped to the reference row with its fingerprint (rows unique in the reference),
-    [] where a mapped row's output is not the reference's (the forward differs) or none maps."""
+def pairs(f: UserFacts) -> Tuple[List[Pair], int]:
+    """Every rank row mapped to the reference row with its fingerprint (rows unique in the reference) whose
+    output is the reference's; and how many mapped rows' outputs are not (the forward differs there)."""
     ref = _rows(f.ref_probes)
     keys: Dict[str, int] = {}
     for j, (r, _, _) in enumerate(ref):
         k = f"{r:.12g}"
         keys[k] = -1 if k in keys else j
     out: List[Pair] = []
+    differ = 0
     for rank, probes in enumerate(f.rank_probes):
         for i, (r, o, g) in enumerate(_rows(probes)):
             j = keys.get(f"{r:.12g}", -1)
             if j < 0 or ref[j][2].shape != g.shape:
                 continue
             if not _same_output(o, ref[j][1], g.numel()):
-                return []  # the forward differs: the loss's gradient differs with it
+                differ += 1  # the forward differs: the loss's gradient differs with it
+                continue
             out.append(Pair(rank, i, j, g, ref[j][2]))
-    return out
+    return out, differ
 
 
 def findings(report: Any, f: UserFacts) -> List[Finding]:
     if f.sequence_split or not f.rank_probes:
         return []
-    found = pairs(f)
+    found, differ = pairs(f)
+    if differ:
+        return _forward(report, f, differ, differ + len(found))
     if len(found) < 2:
         return []
     said = _positions(found) or _rows_scaled(found, f)
     return [said] if said is not None else []
+
+
+def _forward(report: Any, f: UserFacts, differ: int, n: int) -> List[Finding]:
+    """Outputs that differ for the same rows and weights, where step 0 is where training diverges first and
+    no dropout draws otherwise: the forward computes otherwise."""
+    if f.dropout or report is None or report.first_divergence != 0 or over(report, 0, "param"):
+        return []
+    return [Finding(0, "loss", "certain rows", "forward-other", f"at step 0, with the same weights and rows, the "
+                    f"model's outputs differ from the reference's in {differ} of {n} rows")]
 
 
 def _read(g, scale: float) -> List[bool]:
