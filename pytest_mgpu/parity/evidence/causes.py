@@ -148,9 +148,10 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("loss-shift", "the targets are aligned one position otherwise (the next-token shift missing, done twice, "
           "or on the other side)", "shift once, as the reference does: logits[:, :-1] predict "
           "labels[:, 1:]"),
-    Cause("loss-rank-scale", "each rank normalises its loss by a quantity of its own rows (a count of tokens or rows, "
-          "the mean or std of rewards or advantages taken locally), not the whole batch's", "compute the normaliser over the whole batch: all_reduce the count, or gather the rewards "
-          "or advantages from every rank before normalising, as the reference does"),
+    Cause("loss-rank-scale", "each rank or micro-batch normalises its loss by a quantity of its own rows (a count of "
+          "tokens or rows, the mean or std of rewards or advantages taken locally), not the whole batch's",
+          "compute the normaliser over the whole batch: all_reduce the count, or gather the rewards or advantages "
+          "from every rank before normalising, as the reference does"),
     Cause("loss-row-mean", "each row's loss is averaged over its positions where the reference sums them (per-row "
           "log-probs as a mean over tokens)", "sum over each row's positions as the reference does (or average alike "
           "on both sides)"),
@@ -158,14 +159,12 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "reference averages each row over its own positions first", "average each row over its positions, then "
           "over the rows, as the reference does (or divide alike on both sides)"),
     Cause("loss-row-weights", "per-row loss weights differ (advantages, rewards, baselines or sample weights computed "
-          "over other rows, groups or pairs, or at another slice offset)", "compute the per-row terms over the same rows and groups "
-          "as the reference (gather what they need from every rank first) and keep them aligned with their rows "
-          "(the rank's own slice, the same order)"),
+          "over other rows, groups or pairs, or at another slice offset)", "compute the per-row terms over the same "
+          "rows and groups as the reference (gather what they need from every rank first) and keep them aligned with "
+          "their rows (the rank's own slice, the same order)"),
     Cause("loss-rows-moved", "rows get another row's loss terms (per-row targets, weights or reference values read "
           "at another offset, slice or order than their rows)", "slice per-row terms with the rank's own offset "
           "(rank x rows per rank) and keep them in their rows' order"),
-    Cause("loss-from-outputs", "the loss is computed otherwise from the same outputs (its targets, mask, per-row "
-          "weights or function)", "compute the loss from the model's outputs as the reference does"),
     Cause("loss-other", "the loss backpropagated is multiplied by a GradScaler's scale on one side only",
           "scale alike on both sides (scaler.scale(loss).backward() on each), or backpropagate the unscaled loss on "
           "both", "", scaled),

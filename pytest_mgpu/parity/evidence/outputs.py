@@ -27,15 +27,17 @@ ZERO = 1e-7  # relative to the row's largest position: a position the loss does 
 @dataclass
 class Pair:
     rank: int
+    call: int  # the rank's forward call (its micro-batch) the row was fed in
     row: int  # the row in the rank's forward calls, in order
     ref: int  # the reference's row it is
     g: Any  # the rank's gradient row: float64 [positions, width]
     h: Any  # the reference's
 
 
-def _rows(probes: List[Any]) -> List[Tuple[float, Tuple[float, float], Any]]:
-    """(input fingerprint, output (fingerprint, norm), gradient row) of every probed row with a gradient."""
-    return [(r, o, p.grad[i]) for p in probes if p.grad is not None for i, (r, o) in enumerate(zip(p.rows, p.out))]
+def _rows(probes: List[Any]) -> List[Tuple[float, Tuple[float, float], Any, int]]:
+    """(input fingerprint, output (fingerprint, norm), gradient row, call) of every probed row with a gradient."""
+    return [(r, o, p.grad[i], c) for c, p in enumerate(probes) if p.grad is not None
+            for i, (r, o) in enumerate(zip(p.rows, p.out))]
 
 
 def _same_output(a: Tuple[float, float], b: Tuple[float, float], width: int) -> bool:
@@ -48,20 +50,20 @@ def pairs(f: UserFacts) -> Tuple[List[Pair], int]:
     output is the reference's; and how many mapped rows' outputs are not (the forward differs there)."""
     ref = _rows(f.ref_probes)
     keys: Dict[str, int] = {}
-    for j, (r, _, _) in enumerate(ref):
+    for j, (r, *_) in enumerate(ref):
         k = f"{r:.12g}"
-        keys[k] = -1 if k in keys else j
+        keys[k] = -1 if k in keys else j  # a row fed twice (a GAN's fakes, twice): not mapped
     out: List[Pair] = []
     differ = 0
     for rank, probes in enumerate(f.rank_probes):
-        for i, (r, o, g) in enumerate(_rows(probes)):
+        for i, (r, o, g, call) in enumerate(_rows(probes)):
             j = keys.get(f"{r:.12g}", -1)
             if j < 0 or ref[j][2].shape != g.shape:
                 continue
             if not _same_output(o, ref[j][1], g.numel()):
                 differ += 1  # the forward differs: the loss's gradient differs with it
                 continue
-            out.append(Pair(rank, i, j, g, ref[j][2]))
+            out.append(Pair(rank, call, i, j, g, ref[j][2]))
     return out, differ
 
 
@@ -152,15 +154,16 @@ def _rows_scaled(found: List[Pair], f: UserFacts) -> Optional[Finding]:
     c0 = statistics.median(cs)
     if all(abs(c - c0) <= FACTOR * max(abs(c0), 1e-30) for c in cs):
         return None  # one factor for every row: the loss's normalisation, read by the other phases
-    per_rank: Dict[int, List[float]] = {}
+    per_call: Dict[Tuple[int, int], List[float]] = {}
     for p, c in zip(found, cs):
-        per_rank.setdefault(p.rank, []).append(c)
-    own = {r: statistics.median(v) for r, v in per_rank.items()}
-    if len(own) > 1 and all(abs(c - own[r]) <= FACTOR * max(abs(own[r]), 1e-30) for r, v in per_rank.items() for c in v):
-        shown = ", ".join(f"rank {r}: {c:.4g}x" for r, c in sorted(own.items())[:4])
-        return Finding(0, "loss", "certain rows", "loss-rank-scale", f"at step 0, with the same weights and "
-                       f"outputs, each rank's loss scales the gradient of its rows by a factor of its own ({shown} the "
-                       f"reference's)", names=tuple(map(str, sorted(own))))
+        per_call.setdefault((p.rank, p.call), []).append(c)
+    own = {k: statistics.median(v) for k, v in per_call.items()}
+    if len(own) > 1 and all(abs(c - own[k]) <= FACTOR * max(abs(own[k]), 1e-30) for k, v in per_call.items() for c in v):
+        calls = any(call for _, call in own)
+        shown = ", ".join(f"rank {r}{f' call {c}' if calls else ''}: {x:.4g}x" for (r, c), x in sorted(own.items())[:4])
+        return Finding(0, "loss", "certain rows", "loss-rank-scale", f"at step 0, with the same weights and outputs, "
+                       f"the loss scales the gradient of each {'micro-batch' if calls else 'rank'}'s rows by a factor of "
+                       f"its own ({shown} the reference's)", names=tuple(sorted({str(r) for r, _ in own})))
     lengths = [sum(_read(p.h, max(float(p.h.norm(dim=1).max()), 1e-30))) for p in found]
     lo, hi = min(cs), max(cs)
     span = f"per-row factors {lo:.3g}x to {hi:.3g}x, {n} rows"
@@ -183,19 +186,18 @@ def _per_rank_constant(found: List[Pair], k: List[float]) -> bool:
     return all(abs(x - v[0]) <= FACTOR * abs(v[0]) for v in per_rank.values() for x in v)
 
 
-def _other_rows(found: List[Pair], off: List[Pair]) -> Finding:
-    """Rows whose gradient is no multiple of their own reference row's: another row's, or another loss."""
+def _other_rows(found: List[Pair], off: List[Pair]) -> Optional[Finding]:
+    """Rows whose gradient is no multiple of their own reference row's but another row's; None where they
+    follow no pattern (another loss: said by the loss and gradient phases)."""
     refs = {p.ref: p.h for p in found}
     moved = []
     for p in off:
         for j, h in refs.items():
-            if j != p.ref and _factor(Pair(p.rank, p.row, j, p.g, h))[1] <= SAME:
+            if j != p.ref and _factor(Pair(p.rank, p.call, p.row, j, p.g, h))[1] <= SAME:
                 moved.append((p, j))
                 break
-    n = len(found)
     if moved and len(moved) * 2 >= len(off):
         e = ", ".join(f"rank {p.rank} row {p.row} ~ reference row {j}" for p, j in moved[:2])
-        return Finding(0, "loss", "certain rows", "loss-rows-moved", f"at step 0, with the same weights and "
-                       f"outputs, {len(moved)} of {n} rows get the loss gradient of another reference row ({e})")
-    return Finding(0, "loss", "certain rows", "loss-from-outputs", f"at step 0, with the same weights and "
-                   f"outputs, the loss's gradient with respect to them differs in {len(off)} of {n} rows")
+        return Finding(0, "loss", "certain rows", "loss-rows-moved", f"at step 0, with the same weights and outputs, "
+                       f"{len(moved)} of {len(found)} rows get the loss gradient of another reference row ({e})")
+    return None  # no pattern: the loss and gradient phases say what they see

@@ -26,6 +26,7 @@ class Probe:
     out: List[Tuple[float, float]]
     grad: Any = None  # float64 [rows, positions, width] once backward reached the output
     shape: Tuple[int, ...] = field(default_factory=tuple)  # the output's shape
+    open: bool = True  # its step is under way: a gradient that reaches it later is another step's
 
 
 @functools.lru_cache(maxsize=16)
@@ -80,6 +81,8 @@ def attach(output, rows: List[float]) -> Optional[Probe]:
     probe = Probe(list(rows), [(float(p), float(q)) for p, q in zip(prints, flat.norm(dim=1))], shape=tuple(t.shape))
 
     def keep(grad):
+        if not probe.open:
+            return
         g = condensed(grad)
         probe.grad = g if probe.grad is None or probe.grad.shape != g.shape else probe.grad + g
 

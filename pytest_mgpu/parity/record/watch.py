@@ -226,6 +226,8 @@ class Watch:
         """The rows seen since the last step; starts the next step's."""
         got, self._inputs, self._depth = self._inputs, Inputs(), 0
         self._probing = self._probing and not got.probes
+        for probe in got.probes:
+            probe.open = False  # a later backward through these outputs (a GAN's generator) is not this step's
         if self._unsynced:
             add(got.where, UNSYNCED_LAST, self._unsynced)
             self._unsynced = ""
