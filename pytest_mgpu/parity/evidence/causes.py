@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Callable, Final, List, Optional, Tuple
 
 from . import conduct, gradients, inputs, loss, outputs, state, update
-from .conditions import (always, below, experts, experts_only, inverse, local_batch, owned_parts, passes, scaled,
-                         scaler_order, world)
+from .conditions import (always, below, experts, experts_only, hand_scale, inverse, local_batch, owned_parts, passes,
+                         scaled, scaler_order, world)
 from .facts import UserFacts
 from .finding import Finding, Report
 from .located import located
@@ -40,6 +40,9 @@ ACCUM_WHY = "Each micro-batch's loss is backpropagated undivided, so the step's 
 SAME_LR = ("give both sides the same learning rate; DDP and FSDP average the gradients, so the one-device loop on the "
            "global batch takes the same lr")
 CLIP = "gradient clipping differs"
+HAND_SCALE = "(a power of two: a loss scale kept by hand, multiplied in and not divided out exactly once)"
+UNSCALE = ("divide the gradients (or the loss) by the loss scale exactly once, before clipping and before "
+           "optimizer.step, and skip the step where the all-reduced check finds inf or NaN")
 RECOMPUTE = ("the forward recomputed by activation checkpointing differs from the first (random numbers drawn "
              "again: dropout without preserve_rng_state)")
 RECOMPUTE_FIX = "checkpoint with preserve_rng_state=True (the default), and keep the recomputed forward the first's"
@@ -126,6 +129,8 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "The data iterator started over instead of resuming."),
     Cause("loss-factor", "the loss backpropagated is multiplied by a GradScaler's scale on one side only",
           "scale alike on both sides (a GradScaler in the reference too), or backpropagate the unscaled loss", "", scaled),
+    Cause("loss-factor", "the loss backpropagated is multiplied by a loss scale on one side only " + HAND_SCALE,
+          UNSCALE, "", hand_scale),
     Cause("loss-factor", "gradient accumulation without dividing the loss", ACCUM, ACCUM_WHY, passes),
     Cause("loss-factor", "the loss is scaled by the world size", "backpropagate the plain mean loss",
           "The loss is multiplied by the world size before backward; DDP already averages the gradients.", world),
@@ -168,6 +173,8 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("loss-other", "the loss backpropagated is multiplied by a GradScaler's scale on one side only",
           "scale alike on both sides (scaler.scale(loss).backward() on each), or backpropagate the unscaled loss on "
           "both", "", scaled),
+    Cause("loss-other", "the loss backpropagated is multiplied by a loss scale on one side only " + HAND_SCALE,
+          UNSCALE, "", hand_scale),
     Cause("loss-other", "loss reduction='sum' on the ranks", "use reduction='mean' as the reference does",
           "The loss is each rank's sum over its rows, not their mean.", local_batch),
     Cause("loss-other", "BatchNorm without SyncBatchNorm", "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) "
@@ -217,6 +224,8 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("clip-norm", "gradients clipped while still multiplied by the GradScaler's scale", "call "
           "scaler.unscale_(optimizer) before clip_grad_norm_, then scaler.step(optimizer)", "The clip saw the scaled "
           "gradients' norm, so it clipped by a factor the scale sets.", scaled),
+    Cause("clip-norm", "gradients clipped while still multiplied by a loss scale " + HAND_SCALE, UNSCALE, "",
+          hand_scale),
     Cause("clip-norm", "gradient accumulation without dividing the loss", ACCUM, ACCUM_WHY, passes),
     Cause("clip-norm", CLIP, "backpropagate the mean loss, and let DDP/FSDP average (or divide an all_reduce SUM by "
           "the world size)", "The loss is scaled by the world size, or gradients summed instead of averaged.", world),
@@ -248,6 +257,7 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("grads-factor", "the gradients still carry the GradScaler's scale", "step through "
           "scaler.step(optimizer), which unscales first, and call scaler.unscale_(optimizer) before clipping or "
           "changing the gradients", "", scaled),
+    Cause("grads-factor", "the gradients still carry a loss scale " + HAND_SCALE, UNSCALE, "", hand_scale),
     Cause("grads-factor", "gradient accumulation without dividing the loss", ACCUM, ACCUM_WHY, passes),
     Cause("grads-factor", "gradients scaled by the world size", "divide the all-reduced gradients by the world size "
           "(or ReduceOp.AVG)", "They are summed over ranks and not divided (an all_reduce SUM or a communication "
@@ -314,7 +324,7 @@ TABLE: Final[Tuple[Cause, ...]] = (
 # The model's outputs differ for the same rows and weights: the forward causes of a loss that differs, and a
 # forward computed otherwise where none of their conditions holds.
 FORWARD: Final = tuple(Cause("forward-other", c.what, c.fix, c.why, c.when) for c in TABLE
-                       if c.signal == "loss-other" and c.when not in (always, scaled, local_batch)) + (
+                       if c.signal == "loss-other" and c.when not in (always, scaled, local_batch, hand_scale)) + (
     Cause("forward-other", "the model's forward computes otherwise on the ranks (a layer reading other ranks' data, "
           "a buffer or a mode differs)", "find the first module whose output differs for one batch on both sides "
           "and compute it as the reference does"),)

@@ -44,6 +44,15 @@ def scaled(x: Finding, f: UserFacts) -> bool:
     return math.isfinite(k) and k > 1 and (_near(x.value, k) or _near(x.value, 1 / k))
 
 
+def hand_scale(x: Finding, f: UserFacts) -> bool:
+    """No GradScaler's scale explains the factor, and it is an exact power of two of 2^7 or more (or its
+    inverse): a loss scale kept by hand (apex/Megatron style), multiplied in and not divided out once."""
+    if math.isfinite(scale_of(f, x.step)) or not math.isfinite(x.value) or x.value <= 0:
+        return False
+    e = math.log2(x.value)
+    return abs(e) >= 7 and abs(e - round(e)) < 1e-3
+
+
 def scaler_order(f: UserFacts, step: int) -> str:
     """The ranks' GradScaler scale and what their step did with it, in order: ``65536, with
     clip_grad_norm_ before scaler.unscale_``."""
