@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from . import outputs
 from .facts import UserFacts
 from .finding import Finding
 
@@ -91,3 +92,9 @@ def below(x: Finding, f: UserFacts) -> bool:
 
 def always(x: Finding, f: UserFacts) -> bool:
     return True
+
+
+def inside(x: Finding, f: UserFacts) -> bool:
+    """The model's outputs and the gradient the loss gave them agree at the first step (``outputs.agree``),
+    and the finding is there: the parameters' gradients that differ were made by the model's backward."""
+    return x.step == 0 and outputs.agree(f)

@@ -79,6 +79,21 @@ def findings(report: Any, f: UserFacts) -> List[Finding]:
     return [said] if said is not None else []
 
 
+def agree(f: UserFacts) -> bool:
+    """At the first step the outputs are the reference's and the loss gave them the reference's gradient up
+    to one factor common to every row: whatever differs in the parameters' gradients, the model's backward
+    made it."""
+    if f.sequence_split or not f.rank_probes:
+        return False
+    found, differ = pairs(f)
+    found = [p for p in found if bool(p.g.any()) or bool(p.h.any())]
+    if differ or len(found) < 2:
+        return False
+    fits = [_factor(p) for p in found]
+    c0 = statistics.median(c for c, _ in fits)
+    return all(r <= SAME and abs(c - c0) <= FACTOR * max(abs(c0), 1e-30) for c, r in fits)
+
+
 def _forward(report: Any, f: UserFacts, differ: int, n: int) -> List[Finding]:
     """Outputs that differ for the same rows and weights, where step 0 is where training diverges first and
     no dropout draws otherwise: the forward computes otherwise."""
