@@ -12,13 +12,15 @@ V, D, T, ROWS, STEPS = 11, 12, 8, 8, 3
 
 
 class Tiny(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, detach_pos: bool = False) -> None:
         super().__init__()
         self.tok, self.pos = nn.Embedding(V, D), nn.Embedding(T, D)
         self.head = nn.Linear(D, V)
+        self.detach_pos = detach_pos
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.tanh(self.tok(ids) + self.pos(torch.arange(ids.shape[1]))))
+        pos = self.pos(torch.arange(ids.shape[1]))
+        return self.head(torch.tanh(self.tok(ids) + (pos.detach() if self.detach_pos else pos)))
 
 
 def batch(step: int):
@@ -43,14 +45,14 @@ def loss_of(logits, ids, length, weight, bug: str = "") -> torch.Tensor:
     return -(per_row * weight).mean()
 
 
-def _model() -> Tiny:
+def _model(detach_pos: bool = False) -> Tiny:
     torch.manual_seed(0)
-    return Tiny()
+    return Tiny(detach_pos)
 
 
 def train(world_size: int, bug: str = "") -> None:
     rank = tdist.get_rank()
-    model = _model()
+    model = _model(detach_pos=bug == "detached_pos")  # a branch cut from the graph inside the model
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     n = ROWS // world_size
     for step in range(STEPS):
@@ -65,8 +67,9 @@ def train(world_size: int, bug: str = "") -> None:
         opt.zero_grad()
         (loss * 2.0 ** 16 if bug == "scale_kept" else loss).backward()  # a loss scale by hand, never divided out
         for p in model.parameters():
-            tdist.all_reduce(p.grad)
-            p.grad /= world_size
+            if p.grad is not None:
+                tdist.all_reduce(p.grad)
+                p.grad /= world_size
         opt.step()
 
 
