@@ -30,7 +30,7 @@ CASES = {
     "unshifted": ("the targets are aligned one position otherwise",
                   "reads each row's outputs one position later"),
     "weights_local": ("per-row loss weights differ", "per-row factors"),
-    "detached_pos": ("the model's backward differs (its outputs and their loss gradient agree)",
+    "detached_pos": ("the model's backward differs (same outputs and loss gradient)",
                      "only the gradients of pos"),
     "scale_kept": ("the loss backpropagated is multiplied by a loss scale on one side only (a power of two",
                    "6.554e+04x"),
@@ -47,7 +47,7 @@ def test_a_loss_built_otherwise_from_the_same_outputs_is_named(dist, bug):
     line = first_cause(str(info.value))
     assert line.startswith("likely cause: " + what), line
     assert evidence in line and ("with the same weights and outputs" in line or bug in ("scale_kept", "detached_pos")), line
-    assert "token_loops.py:" in line or bug == "detached_pos", line  # the backward's line in the loop
+    assert "token_loops.py:" in line or bug == "detached_pos", line  # the backward's line (no room beside that evidence)
 
 
 def probe(rows, out, grad):

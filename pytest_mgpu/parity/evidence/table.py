@@ -33,9 +33,8 @@ ACCUM_WHY = "Each micro-batch's loss is backpropagated undivided, so the step's 
 SAME_LR = ("give both sides the same learning rate; DDP and FSDP average the gradients, so the one-device loop on the "
            "global batch takes the same lr")
 CLIP = "gradient clipping differs"
-INSIDE = ("the model's backward differs (its outputs and their loss gradient agree): a hand-written backward "
-          "without its all_reduce (SyncBatchNorm, a parallel region), a tensor sent without autograd, or a detached "
-          "branch")
+INSIDE = ("the model's backward differs (same outputs and loss gradient): a hand-written backward missing its "
+          "all_reduce (e.g. SyncBatchNorm), a tensor sent without autograd, or a detached branch")
 INSIDE_FIX = ("reduce in each hand-written backward what its forward reduced (the statistics' gradients of a "
               "SyncBatchNorm by hand), send tensors between ranks with torch.distributed.nn.functional (it carries "
               "gradients), and keep every branch in the graph")
