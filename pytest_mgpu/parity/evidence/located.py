@@ -25,7 +25,7 @@ BY_SIGNAL: Final[Dict[str, Tuple[str, ...]]] = {
     "grads-carried": ("backward",), "grads-zeroed-micro": ("backward",),
     "grads": ("backward", "optimizer.step"), "stage": ("backward",),
     "update-rank": ("optimizer.step",), "update-other": ("optimizer.step",),
-    "update-foreign": ("optimizer.step",), "update-frozen": ("optimizer.step",),
+    "update-foreign": ("optimizer.step",), "update-frozen": ("optimizer.step",), "update-inside": ("optimizer.step",),
 }
 SHOWN: Final = 2  # locations of one kind said at most (a training and a validation forward)
 

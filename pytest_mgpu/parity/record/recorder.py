@@ -148,6 +148,12 @@ class SideLog:
     holders: List[str] = field(default_factory=list)  # name prefixes of modules holding the whole model (wrappers)
 
 
+def grad_of(p):
+    """The gradient a parameter's optimizer steps with: ``.grad``, or where that is None, Megatron's fp32
+    ``main_grad`` (its DDP accumulates into that buffer and its optimizer reads it)."""
+    return p.grad if p.grad is not None else getattr(p, "main_grad", None)
+
+
 def clean_name(name: str) -> str:
     return ".".join(p for p in name.split(".") if p not in WRAPPER_PARTS)
 
@@ -217,7 +223,7 @@ class Recorder:
             raise ValueError(f"log(model, loss): loss must be a scalar, got shape {tuple(loss_t.shape)}")
         with fsdp1_full_params(model):
             named = [(clean_name(n), p) for n, p in unwrap(model).named_parameters()]
-            copies = full_copies([p.grad for _, p in named] + [p for _, p in named])
+            copies = full_copies([grad_of(p) for _, p in named] + [p for _, p in named])
             grads = {n: copies[i] for i, (n, _) in enumerate(named)}
             params = {n: copies[len(named) + i] for i, (n, _) in enumerate(named)}
         if not self.side.steps:

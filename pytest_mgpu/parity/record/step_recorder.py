@@ -24,7 +24,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ...timing.structure.counter import quiet
 from .mesh import tp_peers
-from .recorder import SideLog, StepLog, clean_name, describe, dtype_name, fsdp1_full_params, full_copies, unwrap
+from .recorder import (SideLog, StepLog, clean_name, describe, dtype_name, fsdp1_full_params, full_copies, grad_of,
+                       unwrap)
 from .fsdp1_flat import expand, is_flat, units
 from .watch import Inputs, Watch, weights
 from .where import add, frozen, user_line
@@ -235,7 +236,7 @@ def read_full(named: List[Tuple[str, Any]], models: List[Tuple[str, Any]]) -> Tu
             else:
                 plain.append((n, p))
                 grads[n] = params[n] = None  # its place in the order, filled below
-        copies = full_copies([p.grad for _, p in plain] + [p for _, p in plain])  # DTensors gathered together
+        copies = full_copies([grad_of(p) for _, p in plain] + [p for _, p in plain])  # DTensors gathered together
         for i, (n, _) in enumerate(plain):
             grads[n], params[n] = copies[i], copies[len(plain) + i]
     return params, grads
