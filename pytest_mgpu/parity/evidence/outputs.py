@@ -67,10 +67,41 @@ def pairs(f: UserFacts) -> Tuple[List[Pair], int]:
     return out, differ
 
 
+def split_pairs(f: UserFacts) -> Tuple[List[Pair], int]:
+    """Under a sequence split (rank r fed part r of every reference row): each rank row against its part of
+    the reference row's outputs and gradient (positions r x n to (r + 1) x n); as ``pairs``."""
+    w, parts = f.sequence_split, f.ref_parts
+    ref = [(p, i) for p in f.ref_probes if p.grad is not None and p.outs is not None for i in range(len(p.rows))]
+    keys: Dict[str, int] = {}
+    for j, v in enumerate(parts):
+        k = f"{v:.12g}"
+        keys[k] = -1 if k in keys else j
+    out: List[Pair] = []
+    differ = 0
+    for rank, probes in enumerate(f.rank_probes):
+        for call, p in enumerate(probes):
+            if p.grad is None or p.outs is None:
+                continue
+            for i, v in enumerate(p.rows):
+                j = keys.get(f"{v:.12g}", -1)
+                if j < 0 or j % w != rank or j // w >= len(ref):
+                    continue
+                whole, row = ref[j // w]
+                n = p.grad.shape[1]
+                if whole.grad.shape[1] != w * n or whole.grad.shape[2] != p.grad.shape[2]:
+                    continue
+                h, o = whole.grad[row, rank * n:(rank + 1) * n], whole.outs[row, rank * n:(rank + 1) * n]
+                if float((p.outs[i] - o).norm()) > AGREE * max(float(o.norm()), 1e-30):
+                    differ += 1
+                    continue
+                out.append(Pair(rank, call, i, j // w, p.grad[i], h))
+    return out, differ
+
+
 def findings(report: Any, f: UserFacts) -> List[Finding]:
-    if f.sequence_split or not f.rank_probes:
+    if not f.rank_probes or (f.sequence_split and not f.ref_parts):
         return []
-    found, differ = pairs(f)
+    found, differ = split_pairs(f) if f.sequence_split else pairs(f)
     if differ:
         return _forward(report, f, differ, differ + len(found))
     if len(found) < 2:
@@ -83,9 +114,9 @@ def agree(f: UserFacts) -> bool:
     """At the first step the outputs are the reference's and the loss gave them the reference's gradient up
     to one factor common to every row: whatever differs in the parameters' gradients, the model's backward
     made it."""
-    if f.sequence_split or not f.rank_probes:
+    if not f.rank_probes or (f.sequence_split and not f.ref_parts):
         return False
-    found, differ = pairs(f)
+    found, differ = split_pairs(f) if f.sequence_split else pairs(f)
     found = [p for p in found if bool(p.g.any()) or bool(p.h.any())]
     if differ or len(found) < 2:
         return False

@@ -201,14 +201,22 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "permute of its output from [ranks, batch, ...] to [batch, ranks, ...] before a view), with the parts "
           "placed on the ranks as the exchange assumes", "With the same weights and rows the loss differs: the "
           "exchange between the ranks sends, orders or combines rows otherwise.", lambda x, f: bool(f.shared)),
+    Cause("loss-other", "the recurrent state carried from step to step differs (an RNN's hidden state carried, "
+          "detached or re-initialised otherwise)", "carry the hidden state between chunks as the reference does: "
+          "detach it after each step (repackage_hidden), re-initialise it where the reference does (each epoch), "
+          "and keep each rank's state with its own columns", "With the same weights and rows, a later step's loss "
+          "differs where the first step's agreed: what the model carries between steps differs.",
+          lambda x, f: x.step > 0 and bool(f.recurrent)),
     Cause("loss-other", "the attention across the ranks' parts of the sequence computes otherwise than over the "
-          "whole sequence", "give each part its global positions (offset by rank x part length), mask causally "
+          "whole sequence (positions, the causal mask, a ring's softmax merge, or an all_to_all of heads and "
+          "sequence)", "give each part its global positions (offset by rank x part length), mask causally "
           "by global position (the diagonal block causal, blocks after it skipped or fully masked), merge the "
           "blocks' softmax statistics (running max and log-sum-exp) as one softmax, and pass K/V around the ring "
-          "with autograd (gradients sent back), then average the loss over the global token count", "With the same "
+          "with autograd (gradients sent back), or all_to_all heads and sequence both ways in the same order "
+          "(Ulysses), then average the loss over the global token count", "With the same "
           "weights and the same rows, split along the sequence, the loss differs: positions, the causal mask, the "
           "softmax merge across blocks, or the loss's token count see one rank's part only.",
-          lambda x, f: bool(f.sequence_split)),
+          lambda x, f: bool(f.sequence_split) and f.recurrent != "time-major"),
     Cause("loss-other", "the ranks compute the loss otherwise (normalised by a local count, or missing other ranks' "
           "terms)", "normalise by the global count (all_reduce it), gather what the loss needs from every rank with "
           "torch.distributed.nn.functional.all_gather (it carries gradients), and reduce as the reference does",

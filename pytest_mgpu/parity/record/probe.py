@@ -26,6 +26,7 @@ class Probe:
     out: List[Tuple[float, float]]
     grad: Any = None  # float64 [rows, positions, width] once backward reached the output
     shape: Tuple[int, ...] = field(default_factory=tuple)  # the output's shape
+    outs: Any = None  # the output condensed as the gradient is: its positions, for parts of rows (a sequence split)
     open: bool = True  # its step is under way: a gradient that reaches it later is another step's
 
 
@@ -78,7 +79,8 @@ def attach(output, rows: List[float]) -> Optional[Probe]:
     x = condensed(t)
     flat = x.reshape(x.shape[0], -1)
     prints = flat @ basis(flat.shape[1])[:, 0]
-    probe = Probe(list(rows), [(float(p), float(q)) for p, q in zip(prints, flat.norm(dim=1))], shape=tuple(t.shape))
+    probe = Probe(list(rows), [(float(p), float(q)) for p, q in zip(prints, flat.norm(dim=1))], shape=tuple(t.shape),
+                  outs=x)
 
     def keep(grad):
         if not probe.open:

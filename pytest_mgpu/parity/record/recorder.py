@@ -139,6 +139,7 @@ class SideLog:
     unstepped: List[str] = field(default_factory=list)  # trained model's parameters no optimizer steps
     set_epoch_calls: int = 0  # DistributedSampler.set_epoch calls seen
     recomputed: bool = False  # modules ran forward inside backward (activation checkpointing)
+    recurrent: str = ""  # "time-major" or "batch-first" where a model run forward holds an RNN/LSTM/GRU
     sampler_passes: int = 0  # passes over a DistributedSampler seen (0: none used)
     uncounted: int = 0  # optimizer steps that changed nothing (lr 0, no gradient): not steps
     scaler_skips: int = 0  # GradScaler.step calls that skipped the optimizer step (inf/NaN in the gradients)
