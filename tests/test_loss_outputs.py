@@ -85,6 +85,6 @@ def test_each_pattern_of_the_output_gradients():
     early = h.clone()
     early[:, -1] = 0
     assert signal(facts([shifted[:2], shifted[2:]], early)) == "loss-shift"
-    assert signal(facts([torch.randn(2, 5, 3), torch.randn(2, 5, 3)], h)) is None  # no pattern: other phases say
+    assert signal(facts([torch.randn(2, 5, 3), torch.randn(2, 5, 3)], h)) == "loss-formula"
     # outputs that differ: the forward differs, and nothing is said from here
     assert signal(facts([2 * h[:2], 3 * h[2:]], h, outs=[[10, 21], [30, 40]])) is None

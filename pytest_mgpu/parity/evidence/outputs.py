@@ -232,9 +232,9 @@ def _per_rank_constant(found: List[Pair], k: List[float]) -> bool:
     return all(abs(x - v[0]) <= FACTOR * abs(v[0]) for v in per_rank.values() for x in v)
 
 
-def _other_rows(found: List[Pair], off: List[Pair]) -> Optional[Finding]:
-    """Rows whose gradient is no multiple of their own reference row's but another row's; None where they
-    follow no pattern (another loss: said by the loss and gradient phases)."""
+def _other_rows(found: List[Pair], off: List[Pair]) -> Finding:
+    """Rows whose gradient is no multiple of their own reference row's: another row's (per-row terms read at
+    another offset), or none (the loss's formula or targets differ on the same outputs)."""
     refs = {p.ref: p.h for p in found}
     moved = []
     for p in off:
@@ -246,4 +246,5 @@ def _other_rows(found: List[Pair], off: List[Pair]) -> Optional[Finding]:
         e = ", ".join(f"rank {p.rank} row {p.row} ~ reference row {j}" for p, j in moved[:2])
         return Finding(0, "loss", "certain rows", "loss-rows-moved", f"at step 0, with the same weights and outputs, "
                        f"{len(moved)} of {len(found)} rows get the loss gradient of another reference row ({e})")
-    return None  # no pattern: the loss and gradient phases say what they see
+    return Finding(0, "loss", "certain rows", "loss-formula", f"at step 0, with the same weights and outputs, the "
+                   f"loss gradient of {len(off)} of {len(found)} rows is no multiple of the reference's")
