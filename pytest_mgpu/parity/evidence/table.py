@@ -35,6 +35,10 @@ SAME_LR = ("give both sides the same learning rate; DDP and FSDP average the gra
 CLIP = "gradient clipping differs"
 INSIDE = ("the model's backward differs (same outputs and loss gradient): a hand-written backward missing its "
           "all_reduce (e.g. SyncBatchNorm), a tensor sent without autograd, or a detached branch")
+ACCUMULATED = ("the micro-batches' gradients are combined otherwise (same outputs and loss gradient in each): a "
+               "gradient buffer overwritten instead of added to, or reduced before the last micro-batch")
+ACCUMULATED_FIX = ("add each micro-batch's gradient into the buffer (main_grad.add_(grad)), zero it once per optimizer "
+                   "step, and reduce it once, after the last micro-batch")
 INSIDE_FIX = ("reduce in each hand-written backward what its forward reduced (the statistics' gradients of a "
               "SyncBatchNorm by hand), send tensors between ranks with torch.distributed.nn.functional (it carries "
               "gradients), and keep every branch in the graph")
@@ -104,6 +108,9 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "(optimizer.state_dict(), or DCP get_optimizer_state_dict/set_optimizer_state_dict)",
           "An optimizer built anew and not restored starts with no state (Adam's moments zero, step counters "
           "restarted)."),
+    Cause("untrained-rank", "state no optimizer steps (a frozen teacher, buffers) differs between ranks from the "
+          "start: loaded or initialised on some ranks only", "load it (load_state_dict) on every rank, or broadcast "
+          "rank 0's tensors to the others, before training", "", lambda x, f: x.step == 0),
     Cause("untrained-rank", "state no optimizer steps differs between ranks (an EMA teacher or buffers updated on "
           "some ranks only, or from each rank's own weights)", "update the EMA/teacher on every rank, after the "
           "optimizer step, from the synchronised weights"),
@@ -309,6 +316,7 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "ranks' different tensors", "leave the gradients of the parts each rank holds alone out of the "
           "data-parallel all_reduce (reduce only the shared, replicated tensors)", "An all_reduce over every "
           "parameter mixes tensors that only have the same shape.", owned_parts),
+    Cause("grads-modules", ACCUMULATED, ACCUMULATED_FIX, "", lambda x, f: inside(x, f) and f.rank_backwards > 1),
     Cause("grads-modules", INSIDE, INSIDE_FIX, "", inside),
     Cause("grads-modules", "some modules get no gradient or another one", "keep those modules in the graph as the "
           "reference does (no detach/no_grad, the same requires_grad)", "A detached branch, frozen parameters, a "
@@ -316,6 +324,7 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("grads-precision", "gradients differ at the level of a lower precision", "judge with that precision "
           "(rtol= of its eps), or reduce in float32", "The ranks reduce or compute them in it."),
     Cause("grads-other", RECOMPUTE, RECOMPUTE_FIX, RECOMPUTE_WHY, lambda x, f: f.recomputed),
+    Cause("grads-other", ACCUMULATED, ACCUMULATED_FIX, "", lambda x, f: inside(x, f) and f.rank_backwards > 1),
     Cause("grads-other", INSIDE, INSIDE_FIX, "", inside),
     Cause("grads-other", "the gradients differ with the same weights", "make the backward the reference's",
           "A detached part, a hook that changes gradients, another reduction."),
