@@ -20,6 +20,16 @@ import torch  # noqa: F401
 import torch.distributed  # noqa: F401
 import torchvision  # noqa: F401
 
+# Hypothesis's pytest plugin (where it is installed) imports hypothesis at the end of every session, the
+# in-process inner ones too, which then drop it: 74 modules imported again per pytester session, each
+# assertion-rewritten again (pytest rewrites the packages of its plugins; where Python writes no bytecode
+# files, as with PYTHONDONTWRITEBYTECODE, nothing of that is kept): about 0.8 s per session on 2 cores.
+# Imported here, once, it stays.
+try:
+    import hypothesis.internal.observability  # noqa: F401
+except ImportError:
+    pass
+
 # pytest ends every session, the in-process inner ones too, with five full garbage collections (its
 # unraisable-exception check); over torch's and torchvision's objects they cost about 0.2 s each, once
 # per pytester session here. Those objects live as long as the process: move them out of the collector's
