@@ -170,6 +170,21 @@ def run_together(runs: list, timeout: float = 300) -> list[Ended]:
     return ended
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_forkserver(request):
+    """This session's launcher, opened at its start as its first test with ``dist`` would open it. The
+    forkserver is one per process, and an in-process pytester session stops it at its end unless a
+    launcher of the process is still open; with this one open, every such session forks its ranks from
+    the same forkserver instead of starting one (torch preloaded, about 2 s on 2 cores) and stopping it
+    (about 1 s). Nothing starts here: the forkserver starts with the first ranks."""
+    from pytest_mgpu.plugin import SESSION_KEY
+
+    session = request.config.stash.get(SESSION_KEY, None)
+    if session is not None:
+        session.launcher  # noqa: B018 (the property opens it)
+    yield
+
+
 @pytest.fixture
 def subpytest(pytester) -> Subpytest:
     sp = Subpytest(pytester)
