@@ -20,6 +20,16 @@ import torch  # noqa: F401
 import torch.distributed  # noqa: F401
 import torchvision  # noqa: F401
 
+# Hypothesis's pytest plugin (where it is installed) imports hypothesis at the end of every session, the
+# in-process inner ones too, which then drop it: 74 modules imported again per pytester session, each
+# assertion-rewritten again (pytest rewrites the packages of its plugins; where Python writes no bytecode
+# files, as with PYTHONDONTWRITEBYTECODE, nothing of that is kept): about 0.8 s per session on 2 cores.
+# Imported here, once, it stays.
+try:
+    import hypothesis.internal.observability  # noqa: F401
+except ImportError:
+    pass
+
 # pytest ends every session, the in-process inner ones too, with five full garbage collections (its
 # unraisable-exception check); over torch's and torchvision's objects they cost about 0.2 s each, once
 # per pytester session here. Those objects live as long as the process: move them out of the collector's
@@ -158,6 +168,21 @@ def run_together(runs: list, timeout: float = 300) -> list[Ended]:
         if not isinstance(e, Ended):
             raise e if isinstance(e, BaseException) else AssertionError("a pytest subprocess was not waited for")
     return ended
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_forkserver(request):
+    """This session's launcher, opened at its start as its first test with ``dist`` would open it. The
+    forkserver is one per process, and an in-process pytester session stops it at its end unless a
+    launcher of the process is still open; with this one open, every such session forks its ranks from
+    the same forkserver instead of starting one (torch preloaded, about 2 s on 2 cores) and stopping it
+    (about 1 s). Nothing starts here: the forkserver starts with the first ranks."""
+    from pytest_mgpu.plugin import SESSION_KEY
+
+    session = request.config.stash.get(SESSION_KEY, None)
+    if session is not None:
+        session.launcher  # noqa: B018 (the property opens it)
+    yield
 
 
 @pytest.fixture

@@ -1,14 +1,11 @@
 """Which rank is to blame, decided by evidence (launch/attribution.py), the same with warm ranks and
 with --mgpu-isolate; values and exceptions that cannot cross back are reported, never a death.
 
-Each mode runs the cases in one pytest subprocess, both at once; the tests read their reports."""
-import os
+Each mode runs the cases in one pytest session (in-process: nothing here needs a fresh interpreter),
+run by the first test that reads it; the tests read its report."""
 import re
-import signal
 
 import pytest
-
-from tests.conftest import Subpytest, run_together
 
 CASES = """
 import ctypes, os, signal, pytest, torch, torch.distributed as tdist
@@ -81,33 +78,24 @@ def test_meta(dist):
 """
 
 
-class _Dir:
-    def __init__(self, path):
-        self.path = path
-
-
 MODES = {"warm": (), "isolate": ("--mgpu-isolate",)}
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory):
-    """Warm and fresh ranks, one session each, both at once."""
-    runs = []
-    for mode, extra in MODES.items():
-        sp = Subpytest(_Dir(tmp_path_factory.mktemp(f"attribution-{mode}")))
-        (sp.pytester.path / "test_cases.py").write_text(CASES)
-        runs.append((sp, ("--mgpu-fallback=cpu", "-p", "no:randomly", "-rA", *extra)))
-    try:
-        return {mode: ended.out for mode, ended in zip(MODES, run_together(runs, timeout=400))}
-    finally:
-        for sp, _ in runs:
-            for p in sp.leftovers(timeout=10):
-                os.kill(p, signal.SIGKILL)
+def reports():
+    """Each mode's session output, once it ran."""
+    return {}
 
 
 @pytest.fixture(params=list(MODES))
-def report(request, reports):
-    return request.param, reports[request.param]
+def report(request, reports, pytester):
+    """The session of one mode, in-process with its own warm or fresh ranks (not this session's): run by
+    the first test that reads it; the later ones read its output."""
+    mode = request.param
+    if mode not in reports:
+        pytester.makepyfile(test_cases=CASES)
+        reports[mode] = pytester.runpytest("--mgpu-fallback=cpu", "-p", "no:randomly", "-rA", *MODES[mode]).stdout.str()
+    return mode, reports[mode]
 
 
 def section(out: str, test: str) -> str:

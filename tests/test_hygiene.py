@@ -4,6 +4,7 @@ of a rank outlives a SIGKILLed pytest."""
 import os
 import re
 import signal
+import subprocess
 import time
 
 import pytest
@@ -86,15 +87,8 @@ class _Dir:
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    sp = Subpytest(_Dir(tmp_path_factory.mktemp("hygiene")))
-    (sp.pytester.path / "test_cases.py").write_text(CASES)
-    try:
-        rc, out = sp.run("--mgpu-fallback=cpu", "-p", "no:randomly", "-rA", timeout=300)
-    finally:
-        for p in sp.leftovers(timeout=10):
-            os.kill(p, signal.SIGKILL)
-    return rc, out
+def report(sessions):
+    return sessions[0]
 
 
 def outcome(out: str, test: str) -> str:
@@ -141,9 +135,14 @@ MODES = {"warm": (), "isolate": ("--mgpu-isolate",)}
 
 
 @pytest.fixture(scope="module")
-def killed(tmp_path_factory):
-    """Warm and fresh ranks, one pytest each, both at once: each is SIGKILLed once its ranks' children
-    run. What each left running afterwards (or why it never got ready)."""
+def sessions(tmp_path_factory):
+    """The session of CASES and the two killed ones (warm and fresh ranks), all three at once: the first
+    runs to its end while each of the others is SIGKILLed once its ranks' children run. Returns the
+    first's exit code and output, and what each killed one left running afterwards (or why it never
+    got ready)."""
+    cases = Subpytest(_Dir(tmp_path_factory.mktemp("hygiene")))
+    (cases.pytester.path / "test_cases.py").write_text(CASES)
+    first = cases.popen("--mgpu-fallback=cpu", "-p", "no:randomly", "-rA")
     started = {}
     for mode, extra in MODES.items():
         sp = Subpytest(_Dir(tmp_path_factory.mktemp(f"leak-{mode}")))
@@ -163,13 +162,23 @@ def killed(tmp_path_factory):
             p.communicate()
         for mode, (sp, ready, p) in started.items():
             found.setdefault(mode, sp.leftovers(timeout=10))
+        try:
+            out, _ = first.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the session of CASES did not end within 300s")
+        return (first.returncode, out), found
     finally:
-        for sp, _, p in started.values():
+        for sp, _, p in [(cases, None, first), *started.values()]:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
             for pid in processes_with_token(sp.token):
                 os.kill(pid, signal.SIGKILL)
-    return found
+
+
+@pytest.fixture(scope="module")
+def killed(sessions):
+    return sessions[1]
 
 
 @pytest.mark.parametrize("mode", list(MODES))

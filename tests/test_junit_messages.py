@@ -4,12 +4,8 @@ tables and stacks follow in the element's text. One real pytest run with --junit
 ranks (the hang and desync cases get 5 s each). Every bug of suites/ and examples/ is among them (their own
 tests catch it with ``pytest.raises``), and a loop called with many keywords: the first line names what
 diverged, with its devices and step, and the second is the cause."""
-import os
 from pathlib import Path
-import signal
 import xml.etree.ElementTree as ET
-
-from tests.conftest import Subpytest
 
 FNS = """
 import torch, torch.distributed as tdist
@@ -101,24 +97,14 @@ def junit_head(message: str, budget: int = 500) -> str:
     return "\n".join(kept)[:budget]
 
 
-class _Dir:
-    def __init__(self, path):
-        self.path = path
-
-
-def test_the_junit_message_carries_the_cause(tmp_path):
-    sp = Subpytest(_Dir(tmp_path))
-    (tmp_path / "junit_fns.py").write_text(FNS)
-    (tmp_path / "test_junit_inner.py").write_text(TESTS)
-    xml = tmp_path / "junit.xml"
-    try:
-        root = str(Path(__file__).resolve().parent.parent)  # suites/ and examples/ import from the clone
-        path = os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
-        rc, out = sp.run("--mgpu-fallback=cpu", "-p", "no:randomly", f"--junitxml={xml}", timeout=300,
-                         PYTHONPATH=path)
-    finally:
-        for p in sp.leftovers(timeout=10):
-            os.kill(p, signal.SIGKILL)
+def test_the_junit_message_carries_the_cause(pytester):
+    """In-process: the inner session has its own warm ranks (not this session's), and the clone on its
+    path, as suites/ and examples/ import from it."""
+    pytester.makepyfile(junit_fns=FNS, test_junit_inner=TESTS)
+    pytester.syspathinsert(Path(__file__).resolve().parent.parent)
+    xml = pytester.path / "junit.xml"
+    result = pytester.runpytest("--mgpu-fallback=cpu", "-p", "no:randomly", f"--junitxml={xml}")
+    rc, out = result.ret, result.stdout.str()
     assert rc == 1 and "7 failed" in out, out
     messages = {case.get("name"): case.find("failure").get("message")
                 for case in ET.parse(xml).getroot().iter("testcase") if case.find("failure") is not None}

@@ -10,6 +10,8 @@ loops, bugs caught, and whether the first "likely cause" names the bug.
     python benchmarks/parity/parity_diagnosis.py --set set5                 # hand-sharded TP, EP MoE, AMP, ...
     python benchmarks/parity/parity_diagnosis.py --set set6                 # vocab-parallel CE, 1F1B by hand, all_to_all top-2, ...
     python benchmarks/parity/parity_diagnosis.py --set set7                 # ring attention, DLRM tables, GRPO, DPO, SyncBN FCN, ...
+    python benchmarks/parity/parity_diagnosis.py --set set8                 # DDPM, TBPTT LSTM, Ulysses, KD, ZeRO-2 fp16, bf16 masters
+    python benchmarks/parity/parity_diagnosis.py --set set9                 # MLM masking, MAE, mixup/cutmix, PPO+GAE, SimCLR gather
 
 Method. ``benchmarks/heldout/set1/`` holds nine trainer families written after public code (each
 module's docstring names it): per family a correct distributed loop ``train``, its correct
@@ -51,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.parity.diagnosis_report import report  # noqa: E402
 
-SETS = ("set1", "set2", "set3", "set4", "set5", "set6", "set7")  # under benchmarks/heldout/
+SETS = ("set1", "set2", "set3", "set4", "set5", "set6", "set7", "set8", "set9")  # under benchmarks/heldout/
 OLD_NAMES = {"heldout": "set1", "heldout2": "set2", "heldout3": "set3", "heldout4": "set4", "heldout5": "set5"}  # what --set once took
 PLUGIN = ROOT  # the checkout whose pytest_mgpu is judged; --plugin picks another
 PACKAGE = "heldout.set1"  # the family set judged; --set picks another before anything reads it
@@ -202,7 +204,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also keep the rows in this JSONL file")
     parser.add_argument("--analyze", type=Path, help="print the report of a saved JSONL file; run nothing")
     parser.add_argument("--set", choices=SETS + tuple(OLD_NAMES), default="set1", dest="package",
-                        help="the family set under benchmarks/heldout/: set1 (default), set2, ..., set6 or set7")
+                        help="the family set under benchmarks/heldout/: set1 (default), set2, ..., set8 or set9")
     parser.add_argument("--plugin", type=Path, default=ROOT,
                         help="the checkout whose pytest_mgpu is judged (default: this one)")
     args = parser.parse_args()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from . import outputs
 from .facts import UserFacts
 from .finding import Finding
 
@@ -42,6 +43,15 @@ def scaled(x: Finding, f: UserFacts) -> bool:
     """The factor is the ranks' GradScaler scale (or its inverse): gradients or norms still scaled."""
     k = scale_of(f, x.step)
     return math.isfinite(k) and k > 1 and (_near(x.value, k) or _near(x.value, 1 / k))
+
+
+def hand_scale(x: Finding, f: UserFacts) -> bool:
+    """No GradScaler's scale explains the factor, and it is an exact power of two of 2^7 or more (or its
+    inverse): a loss scale kept by hand (apex/Megatron style), multiplied in and not divided out once."""
+    if math.isfinite(scale_of(f, x.step)) or not math.isfinite(x.value) or x.value <= 0:
+        return False
+    e = math.log2(x.value)
+    return abs(e) >= 7 and abs(e - round(e)) < 1e-3
 
 
 def scaler_order(f: UserFacts, step: int) -> str:
@@ -82,3 +92,9 @@ def below(x: Finding, f: UserFacts) -> bool:
 
 def always(x: Finding, f: UserFacts) -> bool:
     return True
+
+
+def inside(x: Finding, f: UserFacts) -> bool:
+    """The model's outputs and the gradient the loss gave them agree at the first step (``outputs.agree``),
+    and the finding is there: the parameters' gradients that differ were made by the model's backward."""
+    return x.step == 0 and outputs.agree(f)

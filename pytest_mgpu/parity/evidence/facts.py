@@ -46,6 +46,7 @@ class UserFacts(RunFacts):
     rank_modes: List[List[tuple]] = field(default_factory=list)  # per step, per rank: (eval, all) BatchNorm/dropout
     ref_modes: List[tuple] = field(default_factory=list)  # per step: the reference's
     recomputed: bool = False  # the ranks recompute forwards inside backward (activation checkpointing)
+    recurrent: str = ""  # the ranks' model holds an RNN: "time-major" or "batch-first" ("" none)
     shared: List[str] = field(default_factory=list)  # expert parallel: the tensors every rank holds (the rest: experts)
     sequence_split: int = 0  # W where each rank fed part r of W of every reference row (context parallel), else 0
     owned: List[str] = field(default_factory=list)  # beside ``shared``: the tensors rank 0 holds alone (experts, tables)
@@ -72,3 +73,6 @@ class UserFacts(RunFacts):
     ref_where: List[Dict[str, Tuple[str, ...]]] = field(default_factory=list)  # per step: the reference's
     rank_scaler: List[List[tuple]] = field(default_factory=list)  # per step, per rank: (GradScaler scale, call order)
     ref_scaler: List[tuple] = field(default_factory=list)  # per step: the reference's
+    rank_probes: List[list] = field(default_factory=list)  # per rank: step 0's outputs and their gradients
+    ref_probes: list = field(default_factory=list)  # the reference's (record/probe.py)
+    ref_parts: List[float] = field(default_factory=list)  # step 0: each reference row's sequence_split parts' prints

@@ -57,8 +57,11 @@ def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Lay
     facts.ref_where = [s.where for s in ref.steps]
     facts.rank_scaler = [[side.steps[i].scaler for side in ranks] for i in range(steps)]
     facts.ref_scaler = [s.scaler for s in ref.steps]
+    facts.ref_probes = list(ref.steps[0].probes) if ref.steps else []
+    facts.rank_probes = [list(ranks[r].steps[0].probes) if ranks[r].steps else [] for r in first]
     _holdings(facts, ranks, ref, layout)
     facts.recomputed = any(side.recomputed for side in ranks)
+    facts.recurrent = next((side.recurrent for side in ranks if side.recurrent), "")
     facts.shards_apart = shards_apart(ranks[0].steps[0].params, ref.steps[0].params, len(ranks)) \
         if ranks and ranks[0].steps and ref.steps else []
     lossy = next((s for s in ranks if s.reduce_dtype), None)
@@ -81,9 +84,14 @@ def _holdings(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Layo
     """What each rank holds and feeds: parts of the model (stages, experts or tables held alone beside
     shared tensors), parts of every row (a sequence split)."""
     facts.sequence_split = sequence_split([s.chunks for s in ref.steps], facts.rank_rows)
-    if facts.sequence_split:
+    if facts.sequence_split and any(side.recurrent == "time-major" for side in ranks):
+        facts.loop_notes.append(f"each rank fed its columns of every time step of the reference's batch (rank r: "
+                                f"part r of {facts.sequence_split}: a time-major batch split over the ranks), judged "
+                                f"as that batch")
+    elif facts.sequence_split:
         facts.loop_notes.append(f"each rank fed its part of every row of the reference's batch (rank r: part r of "
                                 f"{facts.sequence_split}, along the sequence: context parallel), judged as that batch")
+    facts.ref_parts = ref.steps[0].chunks.get(facts.sequence_split, []) if facts.sequence_split and ref.steps else []
     facts.partial_ranks = len(layout.stages) > 1
     facts.shared = sorted(layout.shared) if layout.expert_parallel else []
     facts.owned = sorted(set(ranks[0].steps[0].params) - layout.shared) \

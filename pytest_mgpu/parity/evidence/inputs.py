@@ -96,8 +96,12 @@ def _tp_rows(f: UserFacts, step: int, ref: List[float], ranks: List[List[float]]
 def _dp_rows(step: int, ref: List[float], groups: List[List[float]], world: int) -> Optional[Finding]:
     first = _key(groups[0])
     if len(groups) > 1 and all(_key(g) == first for g in groups[1:]):
-        if len(ref) <= len(groups[0]):
+        if len(ref) <= len(groups[0]) and (first & _key(ref) or len(ref) != len(groups[0]) or step > 0):
             return _missing(step, ref, groups)  # one batch for all by design; another batch on one side
+        if len(ref) <= len(groups[0]):
+            return Finding(step, "inputs", "certain rows", "rows-same",
+                           f"at step {step} every one of the {len(groups)} data-parallel ranks fed the same "
+                           f"{len(groups[0])} rows, none of them the reference's")
         return Finding(step, "inputs", "certain rows", "rows-same",
                        f"at step {step} every one of the {len(groups)} data-parallel ranks fed the same "
                        f"{len(groups[0])} rows while the reference trained on {len(ref)}")

@@ -21,11 +21,11 @@ BY_SIGNAL: Final[Dict[str, Tuple[str, ...]]] = {
     "lr-ahead": ("scheduler.step",), "lr-slower": ("scheduler.step",), "lr-frozen": ("scheduler.step",),
     "modes": (EVAL_FORWARD,), "mode": (TRAIN_NO_GRAD,), "grads-sync-off": (UNSYNCED_LAST,),
     "rows": ("forward",), "epoch-repeat": ("forward",), "data-restart": ("forward",),
-    "loss": ("backward",), "backward": ("backward",), "clip": ("clip_grad_norm_",),
+    "loss": ("backward",), "backward": ("backward",), "clip": ("clip_grad_norm_",), "forward": ("forward",),
     "grads-carried": ("backward",), "grads-zeroed-micro": ("backward",),
     "grads": ("backward", "optimizer.step"), "stage": ("backward",),
     "update-rank": ("optimizer.step",), "update-other": ("optimizer.step",),
-    "update-foreign": ("optimizer.step",), "update-frozen": ("optimizer.step",),
+    "update-foreign": ("optimizer.step",), "update-frozen": ("optimizer.step",), "update-inside": ("optimizer.step",),
 }
 SHOWN: Final = 2  # locations of one kind said at most (a training and a validation forward)
 

@@ -44,9 +44,42 @@ def _factor(report: Report, f: UserFacts) -> Optional[Finding]:
     w, b = f.world_size, f.rank_backwards
     if not (abs(k / w - 1) < 0.02 or abs(k * w - 1) < 0.02 or (b > 1 and abs(k / b - 1) < 0.02)):
         return None
+    if (not (b > 1 and abs(k / b - 1) < 0.02) and _grads_contradict(report, f, k)) or \
+            (in_passes(f, 0, k) and not _grads_confirm(report, k)):
+        return None  # a loss scaled before backward scales every gradient alike: these are not
     return Finding(0, "loss", "a uniform factor", "loss-factor",
                    f"at step 0, with the same weights, the ranks' loss is {factor_words(k, w, b)} the reference's",
                    value=k)
+
+
+def in_passes(f: UserFacts, step: int, k: float) -> bool:
+    """The loss ratio ``k`` is the ratio of the backward passes at ``step`` (the reference backpropagates
+    each of the W blocks' losses, a rank its own): the same per-pass losses, summed over more passes."""
+    ranks = f.rank_step_backwards[step] if step < len(f.rank_step_backwards) else []
+    ref = f.ref_step_backwards[step] if step < len(f.ref_step_backwards) else 0
+    if not ranks or not ref or not all(ranks) or not math.isfinite(k) or ref == ranks[0]:
+        return False
+    return abs(k / (sum(ranks) / len(ranks) / ref) - 1) < EXACT
+
+
+def _grads_contradict(report: Report, f: UserFacts, k: float, step: int = 0) -> bool:
+    """The step's gradients were compared, nothing clipped them, and they are not ``k`` x the reference's in
+    every tensor: a loss scaled by ``k`` before backward would have scaled them all by ``k`` (the reference
+    then sums other backward passes' losses into its step: counted otherwise)."""
+    clipped = any(c < 1.0 for per_rank in f.rank_clips[step:step + 1] for cs in per_rank for c in cs) or \
+        any(c < 1.0 for cs in f.ref_clips[step:step + 1] for c in cs)
+    ratios = [e.norm_ratio for e in report.records[step].errors if e.kind == "grad" and e.norm_ref > 0
+              and math.isfinite(e.norm_ratio) and not e.missing] if step < len(report.records) else []
+    if clipped or len(ratios) < 2:
+        return False
+    return not all(abs(r / k - 1) < 0.02 for r in ratios)
+
+
+def _grads_confirm(report: Report, k: float) -> bool:
+    """Step 0's gradients were compared and every one is ``k`` x the reference's."""
+    ratios = [e.norm_ratio for e in report.records[0].errors if e.kind == "grad" and e.norm_ref > 0
+              and math.isfinite(e.norm_ratio) and not e.missing] if report.records else []
+    return bool(ratios) and all(abs(r / k - 1) < 0.02 for r in ratios)
 
 
 def trained_alike(report: Report, f: UserFacts, step: int) -> bool:
@@ -84,7 +117,8 @@ def _other(report: Report, f: UserFacts) -> Optional[Finding]:
         k = loss_factor(f, step)
         if f.sequence_split and math.isfinite(k) and any(abs(k * t - 1) < SPLIT_SUM for t in (f.sequence_split, 1)):
             continue  # the parts' losses add up to the reference's (a sum over the sequence's parts) or average to it
-        if bad and not trained_alike(report, f, step):
+        if bad and not trained_alike(report, f, step) and not (in_passes(f, step, k) and
+                                                               _grads_contradict(report, f, k, step)):
             shown = f" ({k:.4g}x the reference's)" if math.isfinite(k) else ""
             return Finding(step, "loss", "all tensors", "loss-other",
                            f"at step {step} the weights agree but the loss differs{shown}", value=k)

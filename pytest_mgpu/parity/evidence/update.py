@@ -34,9 +34,12 @@ def _after(report: Report, f: UserFacts) -> Optional[Finding]:
                            f"up to step {step - 1} they agreed{same}", names=tuple(map(str, ranks)))
         if other and not over(report, step - 1, "grad"):
             worst = max(other, key=lambda e: e.rel)
-            return Finding(step - 1, "update", "all tensors", "update-other",
-                           f"with the same weights and gradients at step {step - 1}, the weights after it differ from "
-                           f"the reference's ({len(other)} tensor(s), e.g. {worst.name} {worst.rel:.3g} rel)")
+            seen = any(e.kind == "grad" for e in report.records[step - 1].errors)
+            return Finding(step - 1, "update", "all tensors", "update-other" if seen else "update-inside",
+                           f"with the same weights{' and gradients' if seen else ''} at step {step - 1}"
+                           f"{'' if seen else ' (its gradients not compared: reference_fn keeps them elsewhere)'}, "
+                           f"the weights after it differ from the reference's ({len(other)} tensor(s), e.g. "
+                           f"{worst.name} {worst.rel:.3g} rel)")
         return None
     return None
 

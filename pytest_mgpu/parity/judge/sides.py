@@ -13,7 +13,7 @@ from ..evidence.gather import side_facts
 from ..layout.groups import Layout
 from ..layout.mapping import Mapped
 from ..record.loops import Gaps, SideResult
-from ..record.recorder import SideLog
+from ..record.recorder import SideLog, StepLog
 from ..records import Kind, RankResult, StepRecord, TensorError
 from .distance import compare, tensor_error
 from .tolerance import EPS
@@ -43,7 +43,7 @@ def compare_sides(mapped: Mapped, ref: SideResult, name: str) -> RankResult:
         rec = StepRecord(step, [] if loss is None else [
             tensor_error("loss", "loss", torch.tensor(loss, dtype=torch.float64),
                          torch.tensor(want.loss, dtype=torch.float64))])
-        for kind in ("grad", "param"):
+        for kind in ("grad", "param") if not elsewhere(want, logs) else ("param",):
             rec.errors += _against_reference(kind, layout, logs, getattr(want, kind + "s"))
         _attach(rec.errors, shadow, twin)
         records.append(rec)
@@ -53,6 +53,13 @@ def compare_sides(mapped: Mapped, ref: SideResult, name: str) -> RankResult:
                  for n in notes]
     facts.loop_notes = notes + mapped.notes + facts.loop_notes
     return RankResult(records, facts)
+
+
+def elsewhere(want: StepLog, logs: List[StepLog]) -> bool:
+    """The reference zeroed every gradient before a later backward pass of this step, the ranks did not:
+    it keeps the step's gradient elsewhere (a flat buffer it sums into, as a ZeRO optimizer by hand does),
+    so its ``.grad`` is not what it steps with; the step is judged on its weights."""
+    return bool(want.zeroed) and not any(s.zeroed for s in logs)
 
 
 def _against_reference(kind: Kind, layout: Layout, logs: List, want: Dict) -> List[TensorError]:
@@ -96,6 +103,11 @@ def loop_notes(ranks: List[SideLog], ref: SideLog, layout: Layout) -> List[str]:
             notes.append(f"{who}: step(s) {shown} recorded with {' or '.join(map(str, multi))} backward passes, the "
                          "others with one: a step's loss is the sum of the losses backpropagated since the previous "
                          "step, as its gradient is")
+    kept = [i for i, s in enumerate(ref.steps) if i < len(ranks[0].steps) and elsewhere(s, [r.steps[i] for r in ranks])]
+    if kept:
+        notes.append(f"reference_fn zeroes its gradients between the backward passes of step(s) "
+                     f"{', '.join(map(str, kept[:4]))}{', ...' if len(kept) > 4 else ''} and steps with a gradient kept "
+                     "elsewhere: its .grad there is not what it trains with, and those steps are judged on the weights")
     lossy = next((s for s in ranks if s.reduce_dtype), None)
     if lossy is not None:
         notes.append(f"the ranks reduce their gradients in {lossy.reduce_dtype} ({lossy.reduced_by}): gradients "

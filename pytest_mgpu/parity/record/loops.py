@@ -117,6 +117,7 @@ def run_side(job: LoopJob, fn, rank: int, tag: str = "", mode=None,
         side.set_epoch_calls = watch.set_epoch_calls
         side.scaler_skips, side.scalers_made, side.scaled_clips = watch.scaler_skips, watch.scalers_made, watch.scaled_clips
         side.recomputed = watch.recomputed
+        side.recurrent = recurrent(watch.model_roots())
         side.sampler_passes = watch.sampler_passes
         side.autocast = side.autocast or watch.autocast
         return side
@@ -127,6 +128,15 @@ def run_side(job: LoopJob, fn, rank: int, tag: str = "", mode=None,
 
     out = without_group(job.prefix + tag, loop)
     return out.value, out.notes
+
+
+def recurrent(models) -> str:
+    """"time-major" or "batch-first" where one of ``models`` holds a recurrent layer (its hidden state may
+    be carried from step to step); "" otherwise."""
+    import torch
+
+    rnns = [m for model in models for m in model.modules() if isinstance(m, torch.nn.RNNBase)]
+    return "" if not rnns else "batch-first" if all(m.batch_first for m in rnns) else "time-major"
 
 
 def add_companions(result: SideResult, job: LoopJob, fn, seed: int) -> None:

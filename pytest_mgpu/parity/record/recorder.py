@@ -44,6 +44,7 @@ class StepLog:
     where: Dict[str, Tuple[str, ...]] = field(default_factory=dict)  # hook kind -> "file:line" in the loop (where.py)
     scaler: Tuple[float, Tuple[str, ...]] = (float("nan"), ())  # a GradScaler's scale, its scale/unscale_/clip order
     chunks: Dict[int, List[float]] = field(default_factory=dict)  # k -> the rows' k equal parts' fingerprints
+    probes: List[Any] = field(default_factory=list)  # the first step's outputs and their gradients (probe.py)
 
     def __reduce__(self):
         """Crosses back packed: every tensor of a step in one flat buffer per dtype. Measured on the
@@ -51,7 +52,7 @@ class StepLog:
         0.02 s (a parity call moves one such record per rank, and one for the reference)."""
         return unpack_step, (self.loss, pack(self.grads), pack(self.params), self.rows, self.backwards, self.lrs,
                              self.clips, self.state, self.hyper, self.untrained, self.raw_norm, self.zeroed, self.modes,
-                             self.where, self.scaler, self.chunks)
+                             self.where, self.scaler, self.chunks, self.probes)
 
 
 def pack(tensors: Dict[str, Any]):
@@ -115,10 +116,10 @@ def unpack(packed) -> Dict[str, Any]:
 
 def unpack_step(loss: float, grads, params, rows, backwards=1, lrs=(), clips=(), state=(0, -1.0), hyper=(),
                 untrained=None, raw_norm=float("nan"), zeroed=(), modes=(0, 0), where=None,
-                scaler=(float("nan"), ()), chunks=None) -> "StepLog":
+                scaler=(float("nan"), ()), chunks=None, probes=()) -> "StepLog":
     return StepLog(loss, unpack(grads), unpack(params), rows, backwards, list(lrs), list(clips), tuple(state),
                    list(hyper), dict(untrained or {}), raw_norm, list(zeroed), tuple(modes), dict(where or {}),
-                   (scaler[0], tuple(scaler[1])), dict(chunks or {}))
+                   (scaler[0], tuple(scaler[1])), dict(chunks or {}), list(probes))
 
 
 @dataclass
@@ -140,6 +141,7 @@ class SideLog:
     unstepped: List[str] = field(default_factory=list)  # trained model's parameters no optimizer steps
     set_epoch_calls: int = 0  # DistributedSampler.set_epoch calls seen
     recomputed: bool = False  # modules ran forward inside backward (activation checkpointing)
+    recurrent: str = ""  # "time-major" or "batch-first" where a model run forward holds an RNN/LSTM/GRU
     sampler_passes: int = 0  # passes over a DistributedSampler seen (0: none used)
     uncounted: int = 0  # optimizer steps that changed nothing (lr 0, no gradient): not steps
     scaler_skips: int = 0  # GradScaler.step calls that skipped the optimizer step (inf/NaN in the gradients)
@@ -147,6 +149,12 @@ class SideLog:
     scaled_clips: int = 0  # clip_grad_norm_ calls after scaler.scale(loss) and before scaler.unscale_
     tp_peers: List[int] = field(default_factory=list)  # ranks that share this one's batch (TP/SP dims)
     holders: List[str] = field(default_factory=list)  # name prefixes of modules holding the whole model (wrappers)
+
+
+def grad_of(p):
+    """The gradient a parameter's optimizer steps with: ``.grad``, or where that is None, Megatron's fp32
+    ``main_grad`` (its DDP accumulates into that buffer and its optimizer reads it)."""
+    return p.grad if p.grad is not None else getattr(p, "main_grad", None)
 
 
 def clean_name(name: str) -> str:
@@ -227,7 +235,7 @@ class Recorder:
             raise ValueError(f"log(model, loss): loss must be a scalar, got shape {tuple(loss_t.shape)}")
         with fsdp1_full_params(model):
             named = [(clean_name(n), p) for n, p in unwrap(model).named_parameters()]
-            copies = full_copies([p.grad for _, p in named] + [p for _, p in named])
+            copies = full_copies([grad_of(p) for _, p in named] + [p for _, p in named])
             grads = {n: copies[i] for i, (n, _) in enumerate(named)}
             params = {n: copies[len(named) + i] for i, (n, _) in enumerate(named)}
         if not self.side.steps:

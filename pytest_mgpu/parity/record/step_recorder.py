@@ -25,7 +25,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ...timing.structure.counter import quiet
 from .census import Census
 from .mesh import tp_peers
-from .recorder import SideLog, StepLog, clean_name, describe, dtype_name, fsdp1_full_params, full_copies, unwrap
+from .recorder import (SideLog, StepLog, clean_name, describe, dtype_name, fsdp1_full_params, full_copies, grad_of,
+                       unwrap)
 from .fsdp1_flat import expand, is_flat, units
 from .prints import weights
 from .watch import Inputs, Watch
@@ -131,7 +132,7 @@ class StepRecorder:
                 hyperparameters(optimizer), untrained_state(prefixed(self.watch.model_roots(), merge=False), named,
                                                             list(self.watch.stateful.values()), census),
                 seen.raw_norms[-1] if seen.raw_norms else float("nan"), seen.zeroed, eval_modes(models, census),
-                frozen(seen.where), (seen.scale, tuple(seen.order)), seen.chunks))
+                frozen(seen.where), (seen.scale, tuple(seen.order)), seen.chunks, seen.probes))
         census.clear()  # the next step's forward passes walk them again
         if self.on_first and len(self.side.steps) == 1:
             self.on_first(self.side)
@@ -249,7 +250,7 @@ def read_full(named: List[Tuple[str, Any]], models: List[Tuple[str, Any]],
             else:
                 plain.append((n, p))
                 grads[n] = params[n] = None  # its place in the order, filled below
-        copies = full_copies([p.grad for _, p in plain] + [p for _, p in plain])  # DTensors gathered together
+        copies = full_copies([grad_of(p) for _, p in plain] + [p for _, p in plain])  # DTensors gathered together
         for i, (n, _) in enumerate(plain):
             grads[n], params[n] = copies[i], copies[len(plain) + i]
     return params, grads

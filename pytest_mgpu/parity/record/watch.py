@@ -32,8 +32,9 @@ from ...timing.structure.counter import quiet
 from ..gather import full_tensor
 from .census import Census
 from .fsdp1_flat import is_flat
-from .patches import fsdp1_clip, scheduler_steps
+from .calls import fsdp1_clip, scheduler_steps
 from .prints import chunk_prints, fingerprint
+from .probe import attach
 from .scaler import scaler_calls
 from .sync import UNSYNCED_LAST, ddp_sync_off, fsdp2_sync
 from .where import EVAL_FORWARD, TRAIN_NO_GRAD, add, merged, user_line
@@ -56,6 +57,7 @@ class Inputs:
     scale: float = math.nan  # the GradScaler's scale its last scale(loss) multiplied by (NaN: no scaler)
     order: List[str] = field(default_factory=list)  # "scale", "unscale_", "clip" in the order the loop called them
     chunks: Dict[int, List[float]] = field(default_factory=dict)  # k -> each row's k equal parts' fingerprints
+    probes: List[Any] = field(default_factory=list)  # the first step's outputs and their gradients (probe.py)
 
     def loss(self) -> float:
         """The step's loss, combined as its gradients are: the sum of the scalars backpropagated
@@ -147,6 +149,8 @@ class Watch:
         self.ddp_unsynced = False  # the last outermost forward was a DDP's inside no_sync()
         self._unsynced = ""  # the line of the step's last backward where it ran with gradient sync off
         self.census = Census()  # the roots' module trees, walked once per window (cleared by the recorders)
+        self._probing = True  # outputs probed until a step has some
+        self._pending: Optional[List[float]] = None  # the outermost call's rows, until its output is probed
 
     # -- hooks ------------------------------------------------------------------------------
     def _pre(self, module, args, kwargs=None):
@@ -182,7 +186,7 @@ class Watch:
         where the step ran no forward in training mode (a model trained in eval mode)."""
         import torch
 
-        line = user_line(2)
+        line, self._pending = user_line(2), None
         if not torch.is_grad_enabled() and not in_function():
             add(self._inputs.where, "forward under no_grad", line)
             if module.training:
@@ -194,6 +198,7 @@ class Watch:
         plain = x is not None and not hasattr(x, "full_tensor")
         rows = fingerprint(x) if plain else []
         if module.training:
+            self._pending = rows if self._probing and rows else None
             self._inputs.rows += rows
             self._inputs.calls += 1
             for k, prints in (chunk_prints(x) if plain else {}).items():
@@ -221,11 +226,18 @@ class Watch:
     def _end(self, module, args, output):
         if module is self._top and self._depth:
             self._depth -= 1
+            if self._depth == 0 and self._pending is not None:  # the outermost call's output
+                probe, self._pending = attach(output, self._pending), None
+                if probe is not None:
+                    self._inputs.probes.append(probe)
         return None
 
     def take_inputs(self) -> Inputs:
         """The rows seen since the last step; starts the next step's."""
         got, self._inputs, self._depth = self._inputs, Inputs(), 0
+        self._probing = self._probing and not got.probes
+        for probe in got.probes:
+            probe.open = False  # a later backward through these outputs (a GAN's generator) is not this step's
         if self._unsynced:
             add(got.where, UNSYNCED_LAST, self._unsynced)
             self._unsynced = ""

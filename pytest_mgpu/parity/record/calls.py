@@ -1,6 +1,6 @@
-"""Patches a ``watch.Watch`` installs beside ``torch.autograd.backward`` (inside ranks), for the calls
-that have no global hook: FSDP1's own ``clip_grad_norm_`` and the schedulers' ``step``. Each returns
-(owner, attribute, replacement) triples; the watch sets them while the loop runs and restores them."""
+"""Patches that observe the loop's calls into torch beside the watch's hooks (``watch.Watch.installed``
+puts them in place and back): FSDP1's own ``clip_grad_norm_`` method, and ``scheduler.step()`` of every
+torch scheduler, each noting what the step under way did and where."""
 from __future__ import annotations
 
 import sys

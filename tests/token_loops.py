@@ -1,0 +1,86 @@
+"""A tiny next-token model trained by hand-written data parallel loops whose loss is built from the
+outputs as language-model and RL trainers build it (a shift, a completion mask, per-row weights), for
+the outputs evidence (``tests/test_loss_outputs.py``). ``train(world_size, bug)`` runs on the ranks,
+``reference(world_size)`` on one device with the global batch; module level, so they travel by name."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as tdist
+from torch import nn
+
+V, D, T, ROWS, STEPS = 11, 12, 8, 8, 3
+
+
+class Tiny(nn.Module):
+    def __init__(self, detach_pos: bool = False) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(V, D), nn.Embedding(T, D)
+        self.head = nn.Linear(D, V)
+        self.detach_pos = detach_pos
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        pos = self.pos(torch.arange(ids.shape[1]))
+        return self.head(torch.tanh(self.tok(ids) + (pos.detach() if self.detach_pos else pos)))
+
+
+def batch(step: int):
+    """Token rows, how many tokens of each row count (2..T), and a weight per row (an advantage)."""
+    g = torch.Generator().manual_seed(100 + step)
+    ids = torch.randint(0, V, (ROWS, T), generator=g)
+    length = torch.randint(2, T + 1, (ROWS,), generator=g)
+    weight = torch.randn(ROWS, generator=g)
+    return ids, length, weight
+
+
+def loss_of(logits, ids, length, weight, bug: str = "") -> torch.Tensor:
+    """Per-row mean of the weighted next-token log-likelihood over the counted positions, then the mean
+    over rows: ``bug`` changes one part as a user's slip would."""
+    if bug == "unshifted":
+        logp = torch.log_softmax(logits[:, 1:], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    else:
+        logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    pos = torch.arange(1, T)[None, :]
+    mask = (pos < length[:, None] - (1 if bug == "mask_last" else 0)).to(logp.dtype)
+    per_row = (logp * mask).sum(1) / mask.sum(1).clamp(min=1)
+    return -(per_row * weight).mean()
+
+
+def _model(detach_pos: bool = False) -> Tiny:
+    torch.manual_seed(0)
+    return Tiny(detach_pos)
+
+
+def train(world_size: int, bug: str = "") -> None:
+    rank = tdist.get_rank()
+    model = _model(detach_pos=bug == "detached_pos")  # a branch cut from the graph inside the model
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    n = ROWS // world_size
+    for step in range(STEPS):
+        ids, length, weight = batch(step)
+        if bug == "weights_local":  # each rank standardises the weights of its own rows
+            mine = weight[rank * n:(rank + 1) * n]
+            weight = torch.cat([weight[:rank * n], (mine - mine.mean()) / (mine.std() + 1e-4), weight[(rank + 1) * n:]])
+        else:
+            weight = (weight - weight.mean()) / (weight.std() + 1e-4)
+        sl = slice(rank * n, (rank + 1) * n)
+        loss = loss_of(model(ids[sl]), ids[sl], length[sl], weight[sl], bug)
+        opt.zero_grad()
+        (loss * 2.0 ** 16 if bug == "scale_kept" else loss).backward()  # a loss scale by hand, never divided out
+        for p in model.parameters():
+            if p.grad is not None:
+                tdist.all_reduce(p.grad)
+                p.grad /= world_size
+        opt.step()
+
+
+def reference(world_size: int) -> None:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    for step in range(STEPS):
+        ids, length, weight = batch(step)
+        weight = (weight - weight.mean()) / (weight.std() + 1e-4)
+        loss = loss_of(model(ids), ids, length, weight)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
