@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 
-from . import outputs
 from .facts import UserFacts
 from .finding import Finding
 
@@ -95,6 +94,6 @@ def always(x: Finding, f: UserFacts) -> bool:
 
 
 def inside(x: Finding, f: UserFacts) -> bool:
-    """The model's outputs and the gradient the loss gave them agree at the first step (``outputs.agree``),
+    """The model's outputs and the gradient the loss gave them agree at the first step (``outputs.agree``, read once into the facts),
     and the finding is there: the parameters' gradients that differ were made by the model's backward."""
-    return x.step == 0 and outputs.agree(f)
+    return x.step == 0 and f.outputs_agree

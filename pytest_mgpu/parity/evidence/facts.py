@@ -76,3 +76,4 @@ class UserFacts(RunFacts):
     rank_probes: List[list] = field(default_factory=list)  # per rank: step 0's outputs and their gradients
     ref_probes: list = field(default_factory=list)  # the reference's (record/probe.py)
     ref_parts: List[float] = field(default_factory=list)  # step 0: each reference row's sequence_split parts' prints
+    outputs_agree: bool = False  # step 0's outputs and the loss's gradient into them are the reference's (outputs.py)

@@ -11,6 +11,7 @@ from ..record.recorder import SideLog
 from .facts import REFERENCE, UserFacts
 from .gradients import carried_over
 from .inputs import sequence_split, tp_rows_differ
+from .outputs import agree
 
 
 def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Layout) -> None:
@@ -92,6 +93,7 @@ def _holdings(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Layo
         facts.loop_notes.append(f"each rank fed its part of every row of the reference's batch (rank r: part r of "
                                 f"{facts.sequence_split}, along the sequence: context parallel), judged as that batch")
     facts.ref_parts = ref.steps[0].chunks.get(facts.sequence_split, []) if facts.sequence_split and ref.steps else []
+    facts.outputs_agree = agree(facts)
     facts.partial_ranks = len(layout.stages) > 1
     facts.shared = sorted(layout.shared) if layout.expert_parallel else []
     facts.owned = sorted(set(ranks[0].steps[0].params) - layout.shared) \
