@@ -68,8 +68,7 @@ def _grads_contradict(report: Report, f: UserFacts, k: float, step: int = 0) -> 
     then sums other backward passes' losses into its step: counted otherwise)."""
     clipped = any(c < 1.0 for per_rank in f.rank_clips[step:step + 1] for cs in per_rank for c in cs) or \
         any(c < 1.0 for cs in f.ref_clips[step:step + 1] for c in cs)
-    ratios = [e.norm_ratio for e in report.records[step].errors if e.kind == "grad" and e.norm_ref > 0
-              and math.isfinite(e.norm_ratio) and not e.missing] if step < len(report.records) else []
+    ratios = _grad_ratios(report, step)
     if clipped or len(ratios) < 2:
         return False
     return not all(abs(r / k - 1) < 0.02 for r in ratios)
@@ -77,9 +76,14 @@ def _grads_contradict(report: Report, f: UserFacts, k: float, step: int = 0) -> 
 
 def _grads_confirm(report: Report, k: float) -> bool:
     """Step 0's gradients were compared and every one is ``k`` x the reference's."""
-    ratios = [e.norm_ratio for e in report.records[0].errors if e.kind == "grad" and e.norm_ref > 0
-              and math.isfinite(e.norm_ratio) and not e.missing] if report.records else []
+    ratios = _grad_ratios(report, 0)
     return bool(ratios) and all(abs(r / k - 1) < 0.02 for r in ratios)
+
+
+def _grad_ratios(report: Report, step: int) -> List[float]:
+    """||ranks|| / ||reference|| of every gradient compared at ``step`` (none where not compared)."""
+    return [e.norm_ratio for e in report.records[step].errors if e.kind == "grad" and e.norm_ref > 0
+            and math.isfinite(e.norm_ratio) and not e.missing] if step < len(report.records) else []
 
 
 def trained_alike(report: Report, f: UserFacts, step: int) -> bool:
