@@ -88,3 +88,21 @@ def test_each_pattern_of_the_output_gradients():
     assert signal(facts([torch.randn(2, 5, 3), torch.randn(2, 5, 3)], h)) == "loss-formula"
     # outputs that differ: the forward differs, and nothing is said from here
     assert signal(facts([2 * h[:2], 3 * h[2:]], h, outs=[[10, 21], [30, 40]])) is None
+
+
+FORWARD = {  # bug -> (the first cause, what the trail names): a forward computed otherwise inside the model
+    "token_drop": ("the model's own code makes a module's input otherwise", "mix (Mix) gets another input"),
+    "mix_reduced": ("a module computes otherwise from the same input", "the output of mix (Mix) differs first"),
+}
+
+
+@world_sizes(2)
+@pytest.mark.parametrize("bug", list(FORWARD))
+def test_a_forward_computed_otherwise_is_placed_inside_the_model(dist, bug):
+    what, where = FORWARD[bug]
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(functools.partial(L.train, bug=bug), functools.partial(L.reference, bug=bug),
+                                  dist.world_size, steps=L.STEPS, record="optimizer")
+    line = first_cause(str(info.value))
+    assert line.startswith("likely cause: " + what), line
+    assert where in line and "token_loops.py:" in line and "(mix)" in line, line  # the line calling that module

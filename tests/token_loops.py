@@ -11,16 +11,37 @@ from torch import nn
 V, D, T, ROWS, STEPS = 11, 12, 8, 8, 3
 
 
+class Mix(nn.Module):
+    """A layer mixing its input: the identity, or (``reduce``) summed over the ranks, a collective inside
+    a layer that the reference never runs."""
+
+    def __init__(self, reduce: bool = False) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(D))
+        self.reduce = reduce
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if self.reduce and tdist.is_initialized():
+            h = h.clone()
+            tdist.all_reduce(h)
+        return h * self.scale
+
+
 class Tiny(nn.Module):
-    def __init__(self, detach_pos: bool = False) -> None:
+    def __init__(self, detach_pos: bool = False, token_drop: bool = False, reduce: bool = False) -> None:
         super().__init__()
         self.tok, self.pos = nn.Embedding(V, D), nn.Embedding(T, D)
+        self.mix = Mix(reduce)
         self.head = nn.Linear(D, V)
-        self.detach_pos = detach_pos
+        self.detach_pos, self.token_drop = detach_pos, token_drop
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         pos = self.pos(torch.arange(ids.shape[1]))
-        return self.head(torch.tanh(self.tok(ids) + (pos.detach() if self.detach_pos else pos)))
+        h = self.tok(ids) + (pos.detach() if self.detach_pos else pos)
+        if self.token_drop:  # tokens dropped by a draw over the rows at hand: the rank's, not the batch's
+            keep = torch.rand(ids.shape, generator=torch.Generator().manual_seed(7)) > 0.25
+            h = h * keep[..., None]
+        return self.head(torch.tanh(self.mix(h)))
 
 
 def batch(step: int):
@@ -45,14 +66,14 @@ def loss_of(logits, ids, length, weight, bug: str = "") -> torch.Tensor:
     return -(per_row * weight).mean()
 
 
-def _model(detach_pos: bool = False) -> Tiny:
+def _model(detach_pos: bool = False, token_drop: bool = False, reduce: bool = False) -> Tiny:
     torch.manual_seed(0)
-    return Tiny(detach_pos)
+    return Tiny(detach_pos, token_drop, reduce)
 
 
 def train(world_size: int, bug: str = "") -> None:
     rank = tdist.get_rank()
-    model = _model(detach_pos=bug == "detached_pos")  # a branch cut from the graph inside the model
+    model = _model(detach_pos=bug == "detached_pos", token_drop=bug == "token_drop", reduce=bug == "mix_reduced")
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     n = ROWS // world_size
     for step in range(STEPS):
@@ -73,8 +94,8 @@ def train(world_size: int, bug: str = "") -> None:
         opt.step()
 
 
-def reference(world_size: int) -> None:
-    model = _model()
+def reference(world_size: int, bug: str = "") -> None:
+    model = _model(token_drop=bug == "token_drop")  # the same model, its draw over the whole batch
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     for step in range(STEPS):
         ids, length, weight = batch(step)

@@ -40,6 +40,7 @@ class Finding:
     detail: str = ""
     value: float = math.nan  # the factor, where ``how`` is one
     names: Tuple[str, ...] = field(default_factory=tuple)  # modules, or ranks
+    line: str = ""  # "file:line (what)" in the user's code that made it, where the evidence itself knows it
 
     @property
     def order(self) -> Tuple[int, int]:

@@ -74,6 +74,8 @@ def joined(lines) -> str:
 def located(x: Finding, f: UserFacts) -> str:
     """``"at train.py:84 (scheduler.step)"`` for the finding's phase, ``"at train.py:80 (backward) to :83
     (optimizer.step)"`` for the gradients; "" where no call made it or none was seen."""
+    if x.line:
+        return f"at {x.line}"
     kinds = kinds_of(x.signal)
     said: List[str] = []
     for kind in kinds:

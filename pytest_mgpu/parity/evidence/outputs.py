@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .facts import UserFacts
 from .finding import Finding, over
+from .trail import first_apart
 
 AGREE = 1e-4  # relative: an output row that is the reference's (its fingerprint and its norm)
 SAME = 1e-2  # relative: a gradient row that is a multiple of the reference's (the residual)
@@ -130,8 +131,14 @@ def _forward(report: Any, f: UserFacts, differ: int, n: int) -> List[Finding]:
     no dropout draws otherwise: the forward computes otherwise."""
     if f.dropout or report is None or report.first_divergence != 0 or over(report, 0, "param"):
         return []
-    return [Finding(0, "loss", "certain rows", "forward-other", f"at step 0, with the same weights and rows, the "
-                    f"model's outputs differ from the reference's in {differ} of {n} rows")]
+    said = f"at step 0, with the same weights and rows, the model's outputs differ from the reference's in {differ} of {n} rows"
+    apart = first_apart(f)
+    if apart is None:
+        return [Finding(0, "loss", "certain rows", "forward-other", said)]
+    where = ("between", apart.mark.name) if apart.between else ("module", apart.mark.name, apart.mark.key[0])
+    return [Finding(0, "loss", "certain rows", "forward-other", f"at step 0, same weights and rows: {apart.words()}",
+                    names=where,
+                    line=apart.line())]
 
 
 def _read(g, scale: float) -> List[bool]:

@@ -28,6 +28,7 @@ class Probe:
     shape: Tuple[int, ...] = field(default_factory=tuple)  # the output's shape
     outs: Any = None  # the output condensed as the gradient is: its positions, for parts of rows (a sequence split)
     open: bool = True  # its step is under way: a gradient that reaches it later is another step's
+    trail: List[Any] = field(default_factory=list)  # its submodule calls' inputs and outputs per row (trail.py)
 
 
 @functools.lru_cache(maxsize=16)

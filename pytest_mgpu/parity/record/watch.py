@@ -35,6 +35,7 @@ from .fsdp1_flat import is_flat
 from .calls import fsdp1_clip, scheduler_steps
 from .prints import chunk_prints, fingerprint
 from .probe import attach
+from .trail import Trail, holder_of
 from .scaler import scaler_calls
 from .sync import UNSYNCED_LAST, ddp_sync_off, fsdp2_sync
 from .where import EVAL_FORWARD, TRAIN_NO_GRAD, add, merged, user_line
@@ -151,6 +152,7 @@ class Watch:
         self.census = Census()  # the roots' module trees, walked once per window (cleared by the recorders)
         self._probing = True  # outputs probed until a step has some
         self._pending: Optional[List[float]] = None  # the outermost call's rows, until its output is probed
+        self._trail: Optional[Trail] = None  # the probed call's submodule calls (trail.py)
 
     # -- hooks ------------------------------------------------------------------------------
     def _pre(self, module, args, kwargs=None):
@@ -161,6 +163,8 @@ class Watch:
             return None
         if self._depth:
             self._depth += module is self._top  # the outermost module called inside itself
+            if self._trail is not None and module is not self._top:
+                self._trail.enter(module, _first_tensor(args, kwargs or {}))
             return None  # a submodule
         self._depth, self._top = 1, module
         self._ending(module)
@@ -199,6 +203,7 @@ class Watch:
         rows = fingerprint(x) if plain else []
         if module.training:
             self._pending = rows if self._probing and rows else None
+            self._trail = Trail(module, len(rows), holder_of(module)) if self._pending else None
             self._inputs.rows += rows
             self._inputs.calls += 1
             for k, prints in (chunk_prints(x) if plain else {}).items():
@@ -228,13 +233,18 @@ class Watch:
             self._depth -= 1
             if self._depth == 0 and self._pending is not None:  # the outermost call's output
                 probe, self._pending = attach(output, self._pending), None
+                marks, self._trail = self._trail.close() if self._trail is not None else [], None
                 if probe is not None:
+                    probe.trail = marks
                     self._inputs.probes.append(probe)
         return None
 
     def take_inputs(self) -> Inputs:
         """The rows seen since the last step; starts the next step's."""
         got, self._inputs, self._depth = self._inputs, Inputs(), 0
+        trail, self._trail = self._trail, None
+        if trail is not None:
+            trail.close()  # a call that never ended (it raised): its hooks go
         self._probing = self._probing and not got.probes
         for probe in got.probes:
             probe.open = False  # a later backward through these outputs (a GAN's generator) is not this step's

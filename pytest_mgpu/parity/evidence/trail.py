@@ -1,0 +1,109 @@
+"""Where inside the model a forward goes apart: for the rows fed on both sides (the same input rows,
+matched by fingerprint), each rank's trail of submodule calls (``record/trail.py``) against the
+reference's, in call order. The first input or output that differs names the place:
+
+- an output that differs from the same input: that module computes otherwise (its buffers or mode,
+  its randomness, a collective inside it);
+- an input that differs where everything before it agreed: the code between the two modules (a random
+  draw, a mask, an index or a count taken from the rank's rows, not the whole batch's).
+
+Submodule calls are matched by class and by their order among that class's calls (wrappers add calls
+of their own: those match nothing and are passed over)."""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+from .facts import UserFacts
+
+NORM = 1e-4  # relative: a row's norm that is the reference's
+VALUES = 1e-3  # relative: its sampled values, as a vector
+
+
+@dataclass(frozen=True)
+class Apart:
+    """The first mark that differs, the mark before it that agreed (None: the first the forward made),
+    and in how many of the rows compared it was the first."""
+
+    mark: Any
+    before: Any
+    rows: int
+    of: int
+
+    @property
+    def between(self) -> bool:
+        return self.mark.key[2] == "input"
+
+    def words(self) -> str:
+        """``norm1 (LayerNorm) gets another input (4 of 8 rows), where the output of embed (Linear) before
+        it agrees``, or ``the output of attn (Attention) differs first (8 of 8 rows), from the same input``."""
+        name = f"{self.mark.name or 'the model'} ({self.mark.key[0]})"
+        rows = f"({self.rows} of {self.of} rows)"
+        if not self.between:
+            return f"the output of {name} differs first {rows}, from the same input"
+        if self.before is None:
+            return f"{name}, the first module called, gets another input {rows}"
+        return (f"{name} gets another input {rows}, where the {self.before.key[2]} of "
+                f"{self.before.name or 'the model'} ({self.before.key[0]}) before it agrees")
+
+    def line(self) -> str:
+        """``file:line (name)`` where the user's code called that module; "" where unknown."""
+        return f"{self.mark.line} ({self.mark.name or self.mark.key[0]})" if self.mark.line else ""
+
+
+def _apart(a: Tuple[float, List[float]], b: Tuple[float, List[float]]) -> bool:
+    (na, va), (nb, vb) = a, b
+    if abs(na - nb) > NORM * max(abs(na), abs(nb), 1e-30):
+        return True
+    if len(va) != len(vb):
+        return True
+    diff = math.sqrt(sum((x - y) ** 2 for x, y in zip(va, vb)))
+    scale = max(math.sqrt(sum(x * x for x in va)), math.sqrt(sum(y * y for y in vb)), 1e-30)
+    return diff > VALUES * scale
+
+
+def _first(mine: List[Any], theirs: Dict[Tuple[str, int, str], Any], i: int, j: int) -> Tuple[Any, Any]:
+    """(the first of the rank's marks whose row ``i`` differs from the reference's row ``j``, the mark
+    compared before it); (None, None) where none does."""
+    before = None
+    for m in mine:
+        o = theirs.get(m.key)
+        if o is None or i >= len(m.rows) or j >= len(o.rows):
+            continue
+        if _apart(m.rows[i], o.rows[j]):
+            return m, before
+        before = m
+    return None, None
+
+
+def first_apart(f: UserFacts) -> Optional[Apart]:
+    """The mark that is first to differ in most of the rows fed on both sides whose trails differ; None
+    where no trail was recorded or none differs."""
+    ref: Dict[str, Optional[Tuple[Any, int]]] = {}
+    for q in f.ref_probes:
+        for j, r in enumerate(q.rows):
+            k = f"{r:.12g}"
+            ref[k] = None if k in ref else (q, j)  # a row fed twice: not matched
+    firsts: Counter = Counter()
+    seen: Dict[Tuple[str, int, str], Tuple[Any, Any]] = {}
+    compared = 0
+    for probes in f.rank_probes:
+        for p in probes:
+            if not getattr(p, "trail", None):
+                continue
+            for i, r in enumerate(p.rows):
+                got = ref.get(f"{r:.12g}")
+                if got is None or not getattr(got[0], "trail", None):
+                    continue
+                compared += 1
+                m, before = _first(p.trail, {o.key: o for o in got[0].trail}, i, got[1])
+                if m is not None:
+                    firsts[m.key] += 1
+                    seen.setdefault(m.key, (m, before))
+    if not firsts:
+        return None
+    key = max(firsts, key=lambda k: firsts[k])
+    m, before = seen[key]
+    return Apart(m, before, firsts[key], compared)

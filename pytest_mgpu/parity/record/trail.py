@@ -1,0 +1,140 @@
+"""The first step's path through the model: inside a probed forward call (``probe.py``), the input
+and the output of each submodule call, per row, with the line of the user's code that called it.
+
+Where the model's outputs differ from the reference's for the same rows and weights, the test
+process walks both trails in call order and names the first input or output that differs
+(``evidence/trail.py``): a module that computes otherwise from the same input, or the code between
+two modules (a random draw, a mask, an index taken per rank). Each row is kept as its norm and
+``SAMPLE`` of its values at fixed positions: enough to tell "the same up to roundoff" from "not",
+cheap on a large activation. Only the first step's probed calls carry a trail; its hooks go with
+the call.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..layout.names import holders
+from .probe import first_output
+
+SAMPLE = 32  # values kept per row, at fixed positions spread over it
+MARKS = 600  # marks kept per call at most (a deep model's first modules are where a forward goes apart)
+
+
+@dataclass
+class Mark:
+    """One submodule call's input or output: per row, its norm and its sampled values."""
+
+    key: Tuple[str, int, str]  # (module class, its k-th call of that class in this forward, "input" | "output")
+    name: str  # the module's name below the model the loop wrote (wrappers' prefixes dropped)
+    line: str  # "file:line" of the user's code that called it ("" inside a library's model)
+    rows: List[Tuple[float, List[float]]] = field(default_factory=list)
+
+
+@functools.lru_cache(maxsize=1)
+def _ours() -> Tuple[str, ...]:
+    """Folders whose frames are the call's machinery: torch and this plugin."""
+    import torch
+
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return tuple(p.rstrip(os.sep) + os.sep for p in (os.path.dirname(os.path.abspath(torch.__file__)), here))
+
+
+def caller_line(depth: int = 24) -> str:
+    """``file:line`` of the first frame outside torch and this plugin, where that frame is the user's
+    code; "" where it is a library's (a timm or transformers model's own forward) or not found."""
+    import sys
+    from types import FrameType
+
+    from .where import library, shown
+
+    frame: Optional[FrameType] = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            return ""
+        name = os.path.abspath(frame.f_code.co_filename)
+        if not name.startswith(_ours()):
+            return "" if library(frame.f_code.co_filename) else f"{shown(name)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""
+
+
+def row_marks(t: Any, n: int) -> List[Tuple[float, List[float]]]:
+    """Per row of ``t`` (``n`` rows, batch first): its norm and ``SAMPLE`` values at fixed positions;
+    [] where ``t`` is no floating tensor of ``n`` rows."""
+    import torch
+
+    if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] != n or t.numel() == 0 or \
+            hasattr(t, "full_tensor") or t.is_complex():
+        return []
+    with torch.no_grad():
+        x = t.detach().reshape(n, -1)
+        if not x.is_floating_point():
+            x = x.to(torch.float64)
+        m = x.shape[1]
+        at = torch.linspace(0, m - 1, min(SAMPLE, m), device=x.device).round().long()
+        picked = x[:, at].to("cpu", torch.float64)
+        norms = torch.linalg.vector_norm(x, dim=1, dtype=torch.float64).cpu()
+    return [(float(v), row) for v, row in zip(norms, picked.tolist())]
+
+
+def holder_of(top: Any) -> str:
+    """The prefix of the module the loop wrote inside ``top``'s wrappers (DDP's ``module.``, a
+    Fabric module's), by identity: the innermost module holding all of ``top``'s parameters."""
+    found = holders(top, lambda s: s, limit=8)
+    return found[-1] if found else ""
+
+
+def _shown(name: str, holder: str) -> str:
+    name = name[len(holder):] if holder and name.startswith(holder) else name
+    return ".".join(p for p in name.split(".") if not p.startswith("_")) or name  # _orig_mod, _fsdp_wrapped_module
+
+
+class Trail:
+    """The marks of one outermost forward call of ``top`` with ``n`` input rows (``enter`` from the
+    global forward pre-hook for each submodule call; ``close`` when the call ends)."""
+
+    def __init__(self, top: Any, n: int, holder: str = ""):
+        self.n = n
+        self.marks: List[Mark] = []
+        self._names: Dict[int, str] = {id(m): name for name, m in top.named_modules()}
+        self._holder = holder  # the prefix of the module the loop wrote, inside its wrappers
+        self._seen: Counter = Counter()
+        self._handles: List[Any] = []
+
+    def enter(self, module: Any, x: Any) -> None:
+        import torch
+
+        name = self._names.get(id(module))
+        if name is None or len(self.marks) >= MARKS or torch.compiler.is_compiling():
+            return  # not part of this model (a loss module called inside its forward), or enough seen
+        kind = type(module).__name__
+        k = self._seen[kind]
+        self._seen[kind] += 1
+        shown = _shown(name, self._holder)
+        line = caller_line()
+        rows = row_marks(x, self.n)
+        if rows:
+            self.marks.append(Mark((kind, k, "input"), shown, line, rows))
+
+        def ended(_module, _args, output):
+            handle.remove()
+            got = row_marks(first_output(output), self.n)
+            if got and len(self.marks) < MARKS:
+                self.marks.append(Mark((kind, k, "output"), shown, line, got))
+
+        try:
+            handle = module.register_forward_hook(ended)
+        except RuntimeError:  # a ScriptModule takes no hook of its own
+            return
+        self._handles.append(handle)
+
+    def close(self) -> List[Mark]:
+        """The marks; every hook still on a module removed (a call that raised)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        return self.marks
