@@ -90,6 +90,16 @@ def test_each_pattern_of_the_output_gradients():
     assert signal(facts([2 * h[:2], 3 * h[2:]], h, outs=[[10, 21], [30, 40]])) is None
 
 
+@world_sizes(2)
+def test_rows_masked_by_a_draw_per_rank_are_the_reference_rows_transformed(dist):
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(functools.partial(L.train, bug="mask_local"), L.reference, dist.world_size,
+                                  steps=L.STEPS, record="optimizer")
+    line = first_cause(str(info.value))
+    assert line.startswith("likely cause: the ranks' rows are the reference's transformed otherwise"), line
+    assert "are near one (" in line and "token_loops.py:" in line, line
+
+
 FORWARD = {  # bug -> (the first cause, what the trail names): a forward computed otherwise inside the model
     "token_drop": ("the model's own code makes a module's input otherwise", "mix (Mix) gets another input"),
     "mix_reduced": ("a module computes otherwise from the same input", "the output of mix (Mix) differs first"),

@@ -53,6 +53,12 @@ def batch(step: int):
     return ids, length, weight
 
 
+def masked(ids: torch.Tensor, step: int) -> torch.Tensor:
+    """15% of the tokens replaced by token 0 (an input mask), drawn over the rows given."""
+    drop = torch.rand(ids.shape, generator=torch.Generator().manual_seed(50 + step)) < 0.15
+    return ids.masked_fill(drop, 0)
+
+
 def loss_of(logits, ids, length, weight, bug: str = "") -> torch.Tensor:
     """Per-row mean of the weighted next-token log-likelihood over the counted positions, then the mean
     over rows: ``bug`` changes one part as a user's slip would."""
@@ -84,7 +90,8 @@ def train(world_size: int, bug: str = "") -> None:
         else:
             weight = (weight - weight.mean()) / (weight.std() + 1e-4)
         sl = slice(rank * n, (rank + 1) * n)
-        loss = loss_of(model(ids[sl]), ids[sl], length[sl], weight[sl], bug)
+        fed = masked(ids[sl], step) if bug == "mask_local" else masked(ids, step)[sl]  # drawn for the rank's rows
+        loss = loss_of(model(fed), ids[sl], length[sl], weight[sl], bug)
         opt.zero_grad()
         (loss * 2.0 ** 16 if bug == "scale_kept" else loss).backward()  # a loss scale by hand, never divided out
         for p in model.parameters():
@@ -100,7 +107,7 @@ def reference(world_size: int, bug: str = "") -> None:
     for step in range(STEPS):
         ids, length, weight = batch(step)
         weight = (weight - weight.mean()) / (weight.std() + 1e-4)
-        loss = loss_of(model(ids), ids, length, weight)
+        loss = loss_of(model(masked(ids, step)), ids, length, weight)
         opt.zero_grad()
         loss.backward()
         opt.step()

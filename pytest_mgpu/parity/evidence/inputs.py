@@ -10,6 +10,7 @@ from typing import Dict, List, Optional
 
 from .facts import REFERENCE, UserFacts
 from .finding import Finding
+from .near import near_rows
 
 
 def _key(rows: List[float]) -> Counter:
@@ -56,6 +57,11 @@ def _rows(f: UserFacts) -> Optional[Finding]:
             continue
         said = _tp_rows(f, step, ref, ranks) if f.tensor_parallel else None
         said = said or _dp_rows(step, ref, _group_rows(f, ranks), len(ranks))
+        if said and said.signal == "rows-missing" and step == 0:
+            near = near_rows(f)
+            if near is not None:
+                return Finding(0, "inputs", "certain rows", "rows-transformed", f"{said.evidence}; {near.words()}",
+                               value=said.value)
         if said:
             return said
     return None

@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..record.trail import FED
 from .facts import UserFacts
 
 NORM = 1e-4  # relative: a row's norm that is the reference's
@@ -69,6 +70,8 @@ def _first(mine: List[Any], theirs: Dict[Tuple[str, int, str], Any], i: int, j: 
     compared before it); (None, None) where none does."""
     before = None
     for m in mine:
+        if m.key[2] == FED:
+            continue  # the rows fed: matched already
         o = theirs.get(m.key)
         if o is None or i >= len(m.rows) or j >= len(o.rows):
             continue

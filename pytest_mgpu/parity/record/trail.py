@@ -21,6 +21,7 @@ from ..layout.names import holders
 from .probe import first_output
 
 SAMPLE = 32  # values kept per row, at fixed positions spread over it
+FED = "fed"  # the kind of the first mark: the outermost call's own input rows
 MARKS = 600  # marks kept per call at most (a deep model's first modules are where a forward goes apart)
 
 
@@ -28,7 +29,7 @@ MARKS = 600  # marks kept per call at most (a deep model's first modules are whe
 class Mark:
     """One submodule call's input or output: per row, its norm and its sampled values."""
 
-    key: Tuple[str, int, str]  # (module class, its k-th call of that class in this forward, "input" | "output")
+    key: Tuple[str, int, str]  # (module class, its k-th call of that class in this forward, "input" | "output" | FED)
     name: str  # the module's name below the model the loop wrote (wrappers' prefixes dropped)
     line: str  # "file:line" of the user's code that called it ("" inside a library's model)
     rows: List[Tuple[float, List[float]]] = field(default_factory=list)
@@ -97,9 +98,10 @@ class Trail:
     """The marks of one outermost forward call of ``top`` with ``n`` input rows (``enter`` from the
     global forward pre-hook for each submodule call; ``close`` when the call ends)."""
 
-    def __init__(self, top: Any, n: int, holder: str = ""):
+    def __init__(self, top: Any, n: int, holder: str = "", x: Any = None):
         self.n = n
-        self.marks: List[Mark] = []
+        fed = row_marks(x, n) if x is not None else []  # the rows fed, sampled: how near another side's they are
+        self.marks: List[Mark] = [Mark((type(top).__name__, 0, FED), "", "", fed)] if fed else []
         self._names: Dict[int, str] = {id(m): name for name, m in top.named_modules()}
         self._holder = holder  # the prefix of the module the loop wrote, inside its wrappers
         self._seen: Counter = Counter()

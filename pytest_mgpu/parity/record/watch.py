@@ -203,7 +203,7 @@ class Watch:
         rows = fingerprint(x) if plain else []
         if module.training:
             self._pending = rows if self._probing and rows else None
-            self._trail = Trail(module, len(rows), holder_of(module)) if self._pending else None
+            self._trail = Trail(module, len(rows), holder_of(module), x) if self._pending else None
             self._inputs.rows += rows
             self._inputs.calls += 1
             for k, prints in (chunk_prints(x) if plain else {}).items():
