@@ -354,22 +354,26 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("update-frozen", "parameters that never change", "build the optimizer from the model's parameters with a "
           "nonzero lr", "The optimizer holds other parameters than the model's, or its lr is 0."),
 )
-# The model's outputs differ for the same rows and weights: the forward causes of a loss that differs, and a
-# forward computed otherwise where none of their conditions holds.
-# Where the trail through the model shows the place (evidence/trail.py), it leads: code between two modules,
-# or a module other than a BatchNorm computing otherwise from the same input (a BatchNorm's is its own cause).
+# The model's outputs differ for the same rows and weights: the forward causes of a loss that differs (the
+# layouts' first: experts, parts held per rank, layers sharded by hand, an RNN, a sequence split), then where the
+# trail through the model shows the place (evidence/trail.py): code between two modules, or a module other than
+# a BatchNorm computing otherwise from the same input; then BatchNorm and dropout; then a forward computed
+# otherwise where none of their conditions holds.
 BETWEEN: Final = Cause(
     "forward-other", "the model's own code makes a module's input otherwise (a random draw, mask, index or count "
-    "per rank, not for the whole batch)", "compute that input as the reference does: random draws for the global batch (a generator "
-    "seeded alike on every rank, then the rank's slice), counts, shapes and indices over the whole batch, and each "
-    "step of the code in the reference's order", "", lambda x, f: x.names[:1] == ("between",))
+    "per rank, not for the whole batch, or an exchange between ranks)", "compute that input as the reference does: "
+    "random draws for the global batch (a generator seeded alike on every rank, then the rank's slice), counts, "
+    "shapes and indices over the whole batch, and each step of the code in the reference's order", "",
+    lambda x, f: x.names[:1] == ("between",))
 MODULE: Final = Cause(
     "forward-other", "a module computes otherwise from the same input (its buffers, mode, randomness or a "
     "collective inside it)", "make that module's call the reference's: the same mode and buffers, "
     "random draws for the global batch, and any collective inside it run exactly once", "",
     lambda x, f: x.names[:1] == ("module",) and "BatchNorm" not in x.names[-1])
-FORWARD: Final = (BETWEEN, MODULE) + tuple(Cause("forward-other", c.what, c.fix, c.why, c.when) for c in TABLE
-                                          if c.signal == "loss-other" and c.when not in (always, scaled, local_batch, hand_scale)) + (
+_DERIVED: Final = tuple(Cause("forward-other", c.what, c.fix, c.why, c.when) for c in TABLE
+                        if c.signal == "loss-other" and c.when not in (always, scaled, local_batch, hand_scale))
+_STATS: Final = tuple(c for c in _DERIVED if c.what.startswith(("BatchNorm", "Dropout")))
+FORWARD: Final = tuple(c for c in _DERIVED if c not in _STATS) + (BETWEEN, MODULE) + _STATS + (
     Cause("forward-other", "the model's forward computes otherwise on the ranks (a layer reading other ranks' data, "
           "a buffer or a mode differs)", "find the first module whose output differs for one batch on both sides "
           "and compute it as the reference does"),)

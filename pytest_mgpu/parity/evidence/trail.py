@@ -65,14 +65,16 @@ def _apart(a: Tuple[float, List[float]], b: Tuple[float, List[float]]) -> bool:
     return diff > VALUES * scale
 
 
-def _first(mine: List[Any], theirs: Dict[Tuple[str, int, str], Any], i: int, j: int) -> Tuple[Any, Any]:
+def _first(mine: List[Any], ref: List[Any], i: int, j: int) -> Tuple[Any, Any]:
     """(the first of the rank's marks whose row ``i`` differs from the reference's row ``j``, the mark
-    compared before it); (None, None) where none does."""
+    compared before it); (None, None) where none does. Marks are matched by name, else by class."""
+    named = {o.named: o for o in ref}
+    keyed = {o.key: o for o in ref}
     before = None
     for m in mine:
         if m.key[2] == FED:
             continue  # the rows fed: matched already
-        o = theirs.get(m.key)
+        o = named.get(m.named) or keyed.get(m.key)
         if o is None or i >= len(m.rows) or j >= len(o.rows):
             continue
         if _apart(m.rows[i], o.rows[j]):
@@ -101,7 +103,7 @@ def first_apart(f: UserFacts) -> Optional[Apart]:
                 if got is None or not getattr(got[0], "trail", None):
                     continue
                 compared += 1
-                m, before = _first(p.trail, {o.key: o for o in got[0].trail}, i, got[1])
+                m, before = _first(p.trail, got[0].trail, i, got[1])
                 if m is not None:
                     firsts[m.key] += 1
                     seen.setdefault(m.key, (m, before))

@@ -33,6 +33,13 @@ class Mark:
     name: str  # the module's name below the model the loop wrote (wrappers' prefixes dropped)
     line: str  # "file:line" of the user's code that called it ("" inside a library's model)
     rows: List[Tuple[float, List[float]]] = field(default_factory=list)
+    call: int = 0  # its k-th call by that name in this forward
+
+    @property
+    def named(self) -> Tuple[str, int, str]:
+        """(name, call, kind): how it is matched first (a class converted on one side, SyncBatchNorm for
+        BatchNorm2d, keeps its name); by ``key`` where names differ (wrappers that nest otherwise)."""
+        return self.name, self.call, self.key[2]
 
 
 @functools.lru_cache(maxsize=1)
@@ -117,16 +124,18 @@ class Trail:
         k = self._seen[kind]
         self._seen[kind] += 1
         shown = _shown(name, self._holder)
+        call = self._seen[shown]
+        self._seen[shown] += 1
         line = caller_line()
         rows = row_marks(x, self.n)
         if rows:
-            self.marks.append(Mark((kind, k, "input"), shown, line, rows))
+            self.marks.append(Mark((kind, k, "input"), shown, line, rows, call))
 
         def ended(_module, _args, output):
             handle.remove()
             got = row_marks(first_output(output), self.n)
             if got and len(self.marks) < MARKS:
-                self.marks.append(Mark((kind, k, "output"), shown, line, got))
+                self.marks.append(Mark((kind, k, "output"), shown, line, got, call))
 
         try:
             handle = module.register_forward_hook(ended)
