@@ -361,7 +361,7 @@ TABLE: Final[Tuple[Cause, ...]] = (
 # otherwise where none of their conditions holds.
 BETWEEN: Final = Cause(
     "forward-other", "the model's own code makes a module's input otherwise (a random draw, mask, index or count "
-    "per rank, not for the whole batch, or an exchange between ranks)", "compute that input as the reference does: "
+    "per rank, or an exchange between ranks)", "compute that input as the reference does: "
     "random draws for the global batch (a generator seeded alike on every rank, then the rank's slice), counts, "
     "shapes and indices over the whole batch, and each step of the code in the reference's order", "",
     lambda x, f: x.names[:1] == ("between",))
