@@ -27,11 +27,13 @@ class Near:
     of: int
     equal: float
     ratio: float
+    exact: Tuple[int, ...] = ()  # ranks whose rows are all the reference's (the others' are not)
 
     def words(self) -> str:
         same = f"{self.equal:.0%} of sampled values equal" if self.equal >= 0.05 else \
             f"{self.ratio:.2g}x the distance between its rows"
-        return f"{self.near} of the {self.of} fed instead are near one ({same})"
+        exact = f"; rank {', '.join(map(str, self.exact))}'s are the reference's" if self.exact else ""
+        return f"{self.near} of the {self.of} fed instead are near one ({same}){exact}"
 
 
 def _fed(probes: List[Any]) -> Dict[str, Tuple[float, List[float]]]:
@@ -59,8 +61,12 @@ def near_rows(f: UserFacts) -> Optional[Near]:
     rank; None where too few were sampled, or fewer than half of them lie near one."""
     ref = _fed(f.ref_probes)
     mine: Dict[str, Tuple[float, List[float]]] = {}
-    for probes in f.rank_probes:
-        mine.update(_fed(probes))
+    exact = []
+    for rank, probes in enumerate(f.rank_probes):
+        fed = _fed(probes)
+        mine.update(fed)
+        if fed and all(k in ref for k in fed):
+            exact.append(rank)
     missing = [v[1] for k, v in ref.items() if k not in mine]
     extra = [v[1] for k, v in mine.items() if k not in ref]
     rows = [v[1] for v in ref.values()]
@@ -81,4 +87,4 @@ def near_rows(f: UserFacts) -> Optional[Near]:
     if not found or 2 * len(found) < len(extra):
         return None
     return Near(len(found), len(extra), statistics.median(e for _, e in found),
-                statistics.median(d for d, _ in found) / spread)
+                statistics.median(d for d, _ in found) / spread, tuple(exact))

@@ -127,7 +127,7 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "together (the same sampler seed, shuffle and set_epoch; no rank-dependent data seed)",
           "The ranks' samplers or seeds draw other rows than the reference's."),
     Cause("rows-transformed", "the ranks' rows are the reference's transformed otherwise (a mask, noise, mixing or "
-          "augmentation drawn per rank, not for the global batch)",
+          "augmentation drawn per rank, or another formula)",
           "draw the random numbers for the global batch as the reference does (a generator seeded alike on every rank) "
           "and take the rank's slice, or draw them with the rows in the dataset, keyed by the row's index",
           "Each rank drew for its own rows (or with its own seed), so its rows are the reference's rows masked, "
