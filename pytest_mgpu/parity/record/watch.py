@@ -158,6 +158,8 @@ class Watch:
     def _pre(self, module, args, kwargs=None):
         import torch
 
+        if torch.compiler.is_compiling():
+            return None  # inside a graph torch.compile traces: its modules run as one call, seen from outside
         if torch._C._current_autograd_node() is not None:
             self.recomputed = True  # a forward inside backward: activation checkpointing recomputes
             return None
@@ -229,6 +231,10 @@ class Watch:
             self._handles.append(M.register_module_forward_hook(self._end))
 
     def _end(self, module, args, output):
+        import torch
+
+        if torch.compiler.is_compiling():
+            return None
         if module is self._top and self._depth:
             self._depth -= 1
             if self._depth == 0 and self._pending is not None:  # the outermost call's output
