@@ -35,9 +35,11 @@ class Tiny(nn.Module):
         self.head = nn.Linear(D, V)
         self.detach_pos, self.token_drop = detach_pos, token_drop
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
         pos = self.pos(torch.arange(ids.shape[1]))
         h = self.tok(ids) + (pos.detach() if self.detach_pos else pos)
+        if keep is not None:  # an attention-style mask the loop passes beside the tokens
+            h = h * keep[..., None]
         if self.token_drop:  # tokens dropped by a draw over the rows at hand: the rank's, not the batch's
             keep = torch.rand(ids.shape, generator=torch.Generator().manual_seed(7)) > 0.25
             h = h * keep[..., None]
@@ -51,6 +53,11 @@ def batch(step: int):
     length = torch.randint(2, T + 1, (ROWS,), generator=g)
     weight = torch.randn(ROWS, generator=g)
     return ids, length, weight
+
+
+def attention(length: torch.Tensor, off: int = 0) -> torch.Tensor:
+    """1 at the positions of each row's tokens, 0 after them."""
+    return (torch.arange(T)[None, :] < length[:, None] + off).to(torch.float32)
 
 
 def masked(ids: torch.Tensor, step: int) -> torch.Tensor:
@@ -91,7 +98,8 @@ def train(world_size: int, bug: str = "") -> None:
             weight = (weight - weight.mean()) / (weight.std() + 1e-4)
         sl = slice(rank * n, (rank + 1) * n)
         fed = masked(ids[sl], step) if bug == "mask_local" else masked(ids, step)[sl]  # drawn for the rank's rows
-        loss = loss_of(model(fed), ids[sl], length[sl], weight[sl], bug)
+        keep = {"keep": attention(length[sl], off=-2)} if bug == "keep_off" else {}  # a mask built off by one
+        loss = loss_of(model(fed, **keep), ids[sl], length[sl], weight[sl], bug)
         opt.zero_grad()
         (loss * 2.0 ** 16 if bug == "scale_kept" else loss).backward()  # a loss scale by hand, never divided out
         for p in model.parameters():
@@ -107,7 +115,8 @@ def reference(world_size: int, bug: str = "") -> None:
     for step in range(STEPS):
         ids, length, weight = batch(step)
         weight = (weight - weight.mean()) / (weight.std() + 1e-4)
-        loss = loss_of(model(masked(ids, step)), ids, length, weight)
+        keep = {"keep": attention(length)} if bug == "keep_off" else {}
+        loss = loss_of(model(masked(ids, step), **keep), ids, length, weight)
         opt.zero_grad()
         loss.backward()
         opt.step()

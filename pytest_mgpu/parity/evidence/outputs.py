@@ -135,7 +135,8 @@ def _forward(report: Any, f: UserFacts, differ: int, n: int) -> List[Finding]:
     apart = first_apart(f)
     if apart is None:
         return [Finding(0, "loss", "certain rows", "forward-other", said)]
-    where = ("between", apart.mark.name) if apart.between else ("module", apart.mark.name, apart.mark.key[0])
+    where = ("fed", apart.mark.name) if apart.fed else ("between", apart.mark.name) if apart.between else \
+        ("module", apart.mark.name, apart.mark.key[0])
     return [Finding(0, "loss", "certain rows", "forward-other", f"at step 0, same weights and rows: {apart.words()}",
                     names=where,
                     line=apart.line())]
@@ -174,7 +175,7 @@ def _positions(found: List[Pair]) -> Optional[Finding]:
         return Finding(0, "loss", "certain rows", "loss-shift", f"at step 0, with the same weights and "
                        f"outputs, the ranks' loss reads each row's outputs one position {way} than the reference's "
                        f"({rows} of {n} rows)")
-    where = " (the last it reads in each such row)" if last and only_ref and not only_rank else ""
+    where = " (the last of each such row)" if last and only_ref and not only_rank else ""
     what = (f"the ranks' loss leaves out {only_ref} of the {total} positions the reference's reads{where}" if not only_rank
             else f"the ranks' loss reads {only_rank} positions the reference's leaves out (of {total} it reads)"
             if not only_ref else f"the ranks' loss reads {only_rank} positions the reference's leaves out and leaves "

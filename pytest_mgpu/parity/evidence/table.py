@@ -359,6 +359,11 @@ TABLE: Final[Tuple[Cause, ...]] = (
 # trail through the model shows the place (evidence/trail.py): code between two modules, or a module other than
 # a BatchNorm computing otherwise from the same input; then BatchNorm and dropout; then a forward computed
 # otherwise where none of their conditions holds.
+FED_OTHER: Final = Cause(
+    "forward-other", "the loop feeds the model another input beside the rows (an attention mask, decoder inputs, "
+    "positions or labels built otherwise)", "build every argument of the model's call as the reference does, "
+    "over the rank's slice of the global batch (shift, pad and mask the rank's rows exactly as the whole batch's)",
+    "", lambda x, f: x.names[:1] == ("fed",))
 BETWEEN: Final = Cause(
     "forward-other", "the model's own code makes a module's input otherwise (a random draw, mask, index or count "
     "per rank, or an exchange between ranks)", "compute that input as the reference does: "
@@ -373,7 +378,7 @@ MODULE: Final = Cause(
 _DERIVED: Final = tuple(Cause("forward-other", c.what, c.fix, c.why, c.when) for c in TABLE
                         if c.signal == "loss-other" and c.when not in (always, scaled, local_batch, hand_scale))
 _STATS: Final = tuple(c for c in _DERIVED if c.what.startswith(("BatchNorm", "Dropout")))
-FORWARD: Final = tuple(c for c in _DERIVED if c not in _STATS) + (BETWEEN, MODULE) + _STATS + (
+FORWARD: Final = (FED_OTHER,) + tuple(c for c in _DERIVED if c not in _STATS) + (BETWEEN, MODULE) + _STATS + (
     Cause("forward-other", "the model's forward computes otherwise on the ranks (a layer reading other ranks' data, "
           "a buffer or a mode differs)", "find the first module whose output differs for one batch on both sides "
           "and compute it as the reference does"),)

@@ -5,7 +5,9 @@ reference's, in call order. The first input or output that differs names the pla
 - an output that differs from the same input: that module computes otherwise (its buffers or mode,
   its randomness, a collective inside it);
 - an input that differs where everything before it agreed: the code between the two modules (a random
-  draw, a mask, an index or a count taken from the rank's rows, not the whole batch's).
+  draw, a mask, an index or a count taken from the rank's rows, not the whole batch's);
+- another argument of the call itself (an attention mask, decoder inputs, labels) where the first is
+  the same: the loop builds it otherwise.
 
 Submodule calls are matched by class and by their order among that class's calls (wrappers add calls
 of their own: those match nothing and are passed over)."""
@@ -37,11 +39,18 @@ class Apart:
     def between(self) -> bool:
         return self.mark.key[2] == "input"
 
+    @property
+    def fed(self) -> bool:
+        """Another of the call's own arguments differs (the rows, its first, the same)."""
+        return self.mark.key[2] == FED
+
     def words(self) -> str:
         """``norm1 (LayerNorm) gets another input (4 of 8 rows), where the output of embed (Linear) before
         it agrees``, or ``the output of attn (Attention) differs first (8 of 8 rows), from the same input``."""
         name = f"{self.mark.name or 'the model'} ({self.mark.key[0]})"
         rows = f"({self.rows} of {self.of} rows)"
+        if self.fed:
+            return f"the ranks fed the model another {self.mark.name} {rows}, its first input the same"
         if not self.between:
             return f"the output of {name} differs first {rows}, from the same input"
         if self.before is None:
@@ -72,7 +81,7 @@ def _first(mine: List[Any], ref: List[Any], i: int, j: int) -> Tuple[Any, Any]:
     keyed = {o.key: o for o in ref}
     before = None
     for m in mine:
-        if m.key[2] == FED:
+        if m.key[2] == FED and m.key[1] == 0:
             continue  # the rows fed: matched already
         o = named.get(m.named) or keyed.get(m.key)
         if o is None or i >= len(m.rows) or j >= len(o.rows):

@@ -89,6 +89,24 @@ def row_marks(t: Any, n: int) -> List[Tuple[float, List[float]]]:
     return [(float(v), row) for v, row in zip(norms, picked.tolist())]
 
 
+def fed_marks(top: str, given: Tuple[tuple, dict], n: int, first: int = 0) -> List[Mark]:
+    """The outermost call's tensor arguments of ``n`` rows, sampled (kind ``FED``), the first first: how
+    near another side's rows they are, and which argument differs where the first is the same. Each is
+    named by its keyword, or ``argument <i>``."""
+    import torch
+
+    args, kwargs = given
+    named = [(f"argument {i}", v) for i, v in enumerate(args)] + list(kwargs.items())
+    out: List[Mark] = []
+    for i, (name, value) in enumerate((v for v in named if isinstance(v[1], torch.Tensor)), first):
+        rows = row_marks(value, n)
+        if rows:
+            out.append(Mark((top, i, FED), name, "", rows))
+        elif not out and not first:
+            return []  # the first tensor is the rows matched on: without it, nothing to read the others against
+    return out
+
+
 def holder_of(top: Any) -> str:
     """The prefix of the module the loop wrote inside ``top``'s wrappers (DDP's ``module.``, a
     Fabric module's), by identity: the innermost module holding all of ``top``'s parameters."""
@@ -105,14 +123,20 @@ class Trail:
     """The marks of one outermost forward call of ``top`` with ``n`` input rows (``enter`` from the
     global forward pre-hook for each submodule call; ``close`` when the call ends)."""
 
-    def __init__(self, top: Any, n: int, holder: str = "", x: Any = None):
+    def __init__(self, top: Any, n: int, holder: str = "", given: Tuple[tuple, dict] = ((), {})):
         self.n = n
-        fed = row_marks(x, n) if x is not None else []  # the rows fed, sampled: how near another side's they are
-        self.marks: List[Mark] = [Mark((type(top).__name__, 0, FED), "", "", fed)] if fed else []
+        self.marks: List[Mark] = fed_marks(type(top).__name__, given, n)
         self._names: Dict[int, str] = {id(m): name for name, m in top.named_modules()}
         self._holder = holder  # the prefix of the module the loop wrote, inside its wrappers
         self._seen: Counter = Counter()
         self._handles: List[Any] = []
+
+    def given(self, kwargs: dict) -> None:
+        """The outermost call's keyword arguments, where its rows came from a positional one."""
+        top = self.marks[0].key[0] if self.marks else ""
+        more = fed_marks(top, ((), kwargs), self.n, first=len(self.marks))
+        at = len([m for m in self.marks if m.key[2] == FED])  # before any submodule's marks
+        self.marks[at:at] = more
 
     def enter(self, module: Any, x: Any) -> None:
         import torch

@@ -153,6 +153,7 @@ class Watch:
         self._probing = True  # outputs probed until a step has some
         self._pending: Optional[List[float]] = None  # the outermost call's rows, until its output is probed
         self._trail: Optional[Trail] = None  # the probed call's submodule calls (trail.py)
+        self._by_keyword = False  # the outermost call under way passed its tensors as keywords only
 
     # -- hooks ------------------------------------------------------------------------------
     def _pre(self, module, args, kwargs=None):
@@ -183,10 +184,13 @@ class Watch:
         if self.light:
             return None
         self.ddp_unsynced = ddp_sync_off(module)
-        self._rows(module, _first_tensor(args, kwargs or {}))
+        x = _first_tensor(args, kwargs or {})
+        self._by_keyword = x is None and self._ends is not None  # only keywords (model(**batch)): read at its end
+        if not self._by_keyword:
+            self._rows(module, x, (args, kwargs or {}))
         return None
 
-    def _rows(self, module, x) -> None:
+    def _rows(self, module, x, given=((), {})) -> None:
         """The rows of an outermost forward: a training input where it runs with gradients (a forward
         under ``no_grad`` validates or feeds a teacher); one in eval mode is kept apart, and counts only
         where the step ran no forward in training mode (a model trained in eval mode)."""
@@ -205,7 +209,7 @@ class Watch:
         rows = fingerprint(x) if plain else []
         if module.training:
             self._pending = rows if self._probing and rows else None
-            self._trail = Trail(module, len(rows), holder_of(module), x) if self._pending else None
+            self._trail = Trail(module, len(rows), holder_of(module), given) if self._pending else None
             self._inputs.rows += rows
             self._inputs.calls += 1
             for k, prints in (chunk_prints(x) if plain else {}).items():
@@ -223,20 +227,31 @@ class Watch:
         if self._ends is None or id(module) in self._ends:
             return
         try:
-            self._ends[id(module)] = module.register_forward_hook(self._end)
+            self._ends[id(module)] = module.register_forward_hook(self._end, with_kwargs=True)
         except RuntimeError:
             for handle in self._ends.values():
                 handle.remove()
             self._ends = None
             self._handles.append(M.register_module_forward_hook(self._end))
 
-    def _end(self, module, args, output):
+    def _end(self, module, args, *rest):
+        """The end of a call (``rest``: its keyword arguments, where the module's own hook gives them, and its
+        output). The outermost call's: its keyword arguments read (a global pre-hook is given the positional
+        ones only; a module's own pre-hook registered in its first call would miss that call): the rows of a
+        call made with keywords alone (``model(**batch)``), else more of the probed call's trail; then its
+        output probed."""
         import torch
 
         if torch.compiler.is_compiling():
             return None
+        kwargs, output = (rest[0] or {}, rest[1]) if len(rest) == 2 else ({}, rest[0])
         if module is self._top and self._depth:
             self._depth -= 1
+            if self._depth == 0 and self._by_keyword:
+                self._by_keyword = False
+                self._rows(module, _first_tensor(args, kwargs), (args, kwargs))
+            elif self._depth == 0 and self._trail is not None and kwargs:
+                self._trail.given(kwargs)
             if self._depth == 0 and self._pending is not None:  # the outermost call's output
                 probe, self._pending = attach(output, self._pending), None
                 marks, self._trail = self._trail.close() if self._trail is not None else [], None
