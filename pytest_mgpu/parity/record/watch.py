@@ -25,12 +25,12 @@ import contextlib
 import math
 import sys
 from dataclasses import dataclass, field
-from types import FrameType
 from typing import Any, Dict, List, Optional, Tuple
 
 from ...timing.structure.counter import quiet
 from ..gather import full_tensor
 from .census import Census
+from .context import in_function, pipeline_inference
 from .fsdp1_flat import is_flat
 from .calls import fsdp1_clip, scheduler_steps
 from .prints import chunk_prints, fingerprint
@@ -92,35 +92,6 @@ def _first_tensor(args, kwargs):
         if isinstance(value, torch.Tensor) and not value.is_complex():
             return value
     return None
-
-
-def in_function(depth: int = 16) -> bool:
-    """Called inside a custom ``autograd.Function``'s forward (reentrant activation checkpointing runs
-    its module there, with gradients off): a training forward all the same."""
-    frame: Optional[FrameType] = sys._getframe(2)
-    for _ in range(depth):
-        if frame is None:
-            return False
-        name = frame.f_code.co_filename.replace("\\", "/")
-        if name.endswith(("torch/autograd/function.py", "torch/utils/checkpoint.py")):
-            return True
-        frame = frame.f_back
-    return False
-
-
-def pipeline_inference(depth: int = 12) -> bool:
-    """Called from a ``torch.distributed.pipelining`` stage's shape or metadata inference, which runs
-    the stage forward (and backward) once on a batch of its own before the first step."""
-    frame: Optional[FrameType] = sys._getframe(2)
-    for _ in range(depth):
-        if frame is None:
-            return False
-        name = frame.f_code.co_name
-        if ("metadata_inference" in name or "shape_inference" in name) and \
-                frame.f_globals.get("__name__", "").startswith("torch.distributed.pipelining"):
-            return True
-        frame = frame.f_back
-    return False
 
 
 class Watch:
