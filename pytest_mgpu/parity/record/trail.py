@@ -85,8 +85,9 @@ def row_marks(t: Any, n: int) -> List[Tuple[float, List[float]]]:
         m = x.shape[1]
         at = torch.linspace(0, m - 1, min(SAMPLE, m), device=x.device).round().long()
         picked = x[:, at].to("cpu", torch.float64)
-        norms = torch.linalg.vector_norm(x, dim=1, dtype=torch.float64).cpu()
-    return [(float(v), row) for v, row in zip(norms, picked.tolist())]
+        wide = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else None  # its own precision: 1e-7 of a norm
+        norms = torch.linalg.vector_norm(x, dim=1, dtype=wide).tolist()
+    return list(zip(norms, picked.tolist()))
 
 
 def fed_marks(top: str, given: Tuple[tuple, dict], n: int, first: int = 0) -> List[Mark]:
