@@ -97,7 +97,18 @@ def test_rows_masked_by_a_draw_per_rank_are_the_reference_rows_transformed(dist)
                                   steps=L.STEPS, record="optimizer")
     line = first_cause(str(info.value))
     assert line.startswith("likely cause: the ranks' rows are the reference's transformed otherwise"), line
-    assert "are near one (" in line and "token_loops.py:" in line, line
+    assert "fed instead near one (" in line and "rank 0's all the reference's" in line and "token_loops.py:" in line, line
+
+
+@world_sizes(2)
+def test_a_model_called_with_keywords_alone_has_its_rows_read(dist):
+    train = functools.partial(L.train, bug="keywords")
+    assert dist.assert_same_training(train, L.reference, dist.world_size, steps=L.STEPS, record="optimizer").passed
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(functools.partial(L.train, bug="keywords_overlap"), L.reference, dist.world_size,
+                                  steps=L.STEPS, record="optimizer")
+    line = first_cause(str(info.value))
+    assert line.startswith("likely cause: the sides saw different batches (at step 0 "), line
 
 
 FORWARD = {  # bug -> (the first cause, what the trail names): a forward computed otherwise inside the model

@@ -96,10 +96,12 @@ def train(world_size: int, bug: str = "") -> None:
             weight = torch.cat([weight[:rank * n], (mine - mine.mean()) / (mine.std() + 1e-4), weight[(rank + 1) * n:]])
         else:
             weight = (weight - weight.mean()) / (weight.std() + 1e-4)
-        sl = slice(rank * n, (rank + 1) * n)
+        start = rank * n // (2 if bug == "keywords_overlap" else 1)  # overlapping: some rows shared with rank 0
+        sl = slice(start, start + n)
         fed = masked(ids[sl], step) if bug == "mask_local" else masked(ids, step)[sl]  # drawn for the rank's rows
         keep = {"keep": attention(length[sl], off=-2)} if bug == "keep_off" else {}  # a mask built off by one
-        loss = loss_of(model(fed, **keep), ids[sl], length[sl], weight[sl], bug)
+        out = model(ids=fed, **keep) if bug.startswith("keywords") else model(fed, **keep)  # model(**batch)
+        loss = loss_of(out, ids[sl], length[sl], weight[sl], bug)
         opt.zero_grad()
         (loss * 2.0 ** 16 if bug == "scale_kept" else loss).backward()  # a loss scale by hand, never divided out
         for p in model.parameters():

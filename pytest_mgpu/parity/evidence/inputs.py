@@ -60,7 +60,8 @@ def _rows(f: UserFacts) -> Optional[Finding]:
         if said and said.signal == "rows-missing" and step == 0:
             near = near_rows(f)
             if near is not None:
-                return Finding(0, "inputs", "certain rows", "rows-transformed", f"{said.evidence}; {near.words()}",
+                return Finding(0, "inputs", "certain rows", "rows-transformed",
+                               f"{said.evidence.replace(' were fed', ' fed')}, {near.words()}",
                                value=said.value)
         if said:
             return said

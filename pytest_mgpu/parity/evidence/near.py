@@ -32,8 +32,8 @@ class Near:
     def words(self) -> str:
         same = f"{self.equal:.0%} of sampled values equal" if self.equal >= 0.05 else \
             f"{self.ratio:.2g}x the distance between its rows"
-        exact = f"; rank {', '.join(map(str, self.exact))}'s are the reference's" if self.exact else ""
-        return f"{self.near} of the {self.of} fed instead are near one ({same}){exact}"
+        exact = f"; rank {', '.join(map(str, self.exact))}'s all the reference's" if self.exact else ""
+        return f"{self.near} of the {self.of} fed instead near one ({same}{exact})"
 
 
 def _fed(probes: List[Any]) -> Dict[str, Tuple[float, List[float]]]:

@@ -126,12 +126,12 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("rows-missing", "the sides saw different batches", "draw the reference's batch as the ranks' shards "
           "together (the same sampler seed, shuffle and set_epoch; no rank-dependent data seed)",
           "The ranks' samplers or seeds draw other rows than the reference's."),
-    Cause("rows-transformed", "the ranks' rows are the reference's transformed otherwise (a mask, noise, mixing or "
-          "augmentation drawn per rank, or another formula)",
+    Cause("rows-transformed", "the ranks' rows are the reference's transformed otherwise: a mask, noise, mix or "
+          "augmentation drawn per rank, not for the global batch",
           "draw the random numbers for the global batch as the reference does (a generator seeded alike on every rank) "
           "and take the rank's slice, or draw them with the rows in the dataset, keyed by the row's index",
           "Each rank drew for its own rows (or with its own seed), so its rows are the reference's rows masked, "
-          "noised or mixed otherwise."),
+          "noised or mixed otherwise; or the ranks compute the transformation by another formula."),
     Cause("rows-unequal", "unequal shards", "an even split (drop_last=True, or a batch divisible by the world size)",
           "DDP and FSDP average the ranks' gradients with equal weight."),
     Cause("epoch-repeat", "the shuffle order repeats across epochs", "call sampler.set_epoch(epoch) at the start of "

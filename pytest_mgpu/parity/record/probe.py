@@ -84,7 +84,7 @@ def attach(output, rows: List[float]) -> Optional[Probe]:
                   outs=x)
 
     def keep(grad):
-        if not probe.open:
+        if not probe.open or grad is None:  # no gradient reached it (a model that computes its loss elsewhere)
             return
         g = condensed(grad)
         probe.grad = g if probe.grad is None or probe.grad.shape != g.shape else probe.grad + g
