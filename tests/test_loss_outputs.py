@@ -115,6 +115,7 @@ FORWARD = {  # bug -> (the first cause, what the trail names): a forward compute
     "token_drop": ("the model's own code makes a module's input otherwise", "mix (Mix) gets another input"),
     "mix_reduced": ("a module computes otherwise from the same input", "the output of mix (Mix) differs first"),
     "keep_off": ("the loop feeds the model another input beside the rows", "another keep"),
+    "inside_token_drop": ("the model's own code makes a module's input otherwise", "mix (Mix) gets another input"),
 }
 
 
@@ -129,3 +130,9 @@ def test_a_forward_computed_otherwise_is_placed_inside_the_model(dist, bug):
     assert line.startswith("likely cause: " + what), line
     assert where in line and "token_loops.py:" in line, line
     assert "(mix)" in line or bug == "keep_off", line  # the line calling that module; the model's call for its input
+
+
+@world_sizes(2)
+def test_a_model_that_returns_its_loss_passes_when_correct(dist):
+    inside = functools.partial(L.train, bug="inside"), functools.partial(L.reference, bug="inside")
+    assert dist.assert_same_training(*inside, dist.world_size, steps=L.STEPS, record="optimizer").passed

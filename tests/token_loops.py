@@ -46,6 +46,17 @@ class Tiny(nn.Module):
         return self.head(torch.tanh(self.mix(h)))
 
 
+class WithLoss(nn.Module):
+    """The model and its loss in one forward (research code's ``model(x, y) -> loss``): no outputs to probe."""
+
+    def __init__(self, net: Tiny) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, ids, fed, length, weight) -> torch.Tensor:
+        return loss_of(self.net(fed), ids, length, weight)
+
+
 def batch(step: int):
     """Token rows, how many tokens of each row count (2..T), and a weight per row (an advantage)."""
     g = torch.Generator().manual_seed(100 + step)
@@ -86,7 +97,8 @@ def _model(detach_pos: bool = False, token_drop: bool = False, reduce: bool = Fa
 
 def train(world_size: int, bug: str = "") -> None:
     rank = tdist.get_rank()
-    model = _model(detach_pos=bug == "detached_pos", token_drop=bug == "token_drop", reduce=bug == "mix_reduced")
+    model = _model(detach_pos=bug == "detached_pos", token_drop=bug.endswith("token_drop"), reduce=bug == "mix_reduced")
+    inside = WithLoss(model) if bug.startswith("inside") else None  # the loss computed in the model's forward
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     n = ROWS // world_size
     for step in range(STEPS):
@@ -100,8 +112,11 @@ def train(world_size: int, bug: str = "") -> None:
         sl = slice(start, start + n)
         fed = masked(ids[sl], step) if bug == "mask_local" else masked(ids, step)[sl]  # drawn for the rank's rows
         keep = {"keep": attention(length[sl], off=-2)} if bug == "keep_off" else {}  # a mask built off by one
-        out = model(ids=fed, **keep) if bug.startswith("keywords") else model(fed, **keep)  # model(**batch)
-        loss = loss_of(out, ids[sl], length[sl], weight[sl], bug)
+        if inside is not None:
+            loss = inside(ids[sl], fed, length[sl], weight[sl])
+        else:
+            out = model(ids=fed, **keep) if bug.startswith("keywords") else model(fed, **keep)  # model(**batch)
+            loss = loss_of(out, ids[sl], length[sl], weight[sl], bug)
         opt.zero_grad()
         (loss * 2.0 ** 16 if bug == "scale_kept" else loss).backward()  # a loss scale by hand, never divided out
         for p in model.parameters():
@@ -112,13 +127,15 @@ def train(world_size: int, bug: str = "") -> None:
 
 
 def reference(world_size: int, bug: str = "") -> None:
-    model = _model(token_drop=bug == "token_drop")  # the same model, its draw over the whole batch
+    model = _model(token_drop=bug.endswith("token_drop"))  # the same model, its draw over the whole batch
+    inside = WithLoss(model) if bug.startswith("inside") else None
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     for step in range(STEPS):
         ids, length, weight = batch(step)
         weight = (weight - weight.mean()) / (weight.std() + 1e-4)
         keep = {"keep": attention(length)} if bug == "keep_off" else {}
-        loss = loss_of(model(masked(ids, step), **keep), ids, length, weight)
+        loss = inside(ids, masked(ids, step), length, weight) if inside is not None else \
+            loss_of(model(masked(ids, step), **keep), ids, length, weight)
         opt.zero_grad()
         loss.backward()
         opt.step()

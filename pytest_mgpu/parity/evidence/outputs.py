@@ -103,8 +103,8 @@ def findings(report: Any, f: UserFacts) -> List[Finding]:
     if not f.rank_probes or (f.sequence_split and not f.ref_parts):
         return []
     found, differ = split_pairs(f) if f.sequence_split else pairs(f)
-    if differ:
-        return _forward(report, f, differ, differ + len(found))
+    if differ or (not found and not any(p.out for per_rank in f.rank_probes for p in per_rank)):
+        return _forward(report, f, differ, differ + len(found))  # outputs that differ, or none probed: the trail
     if len(found) < 2:
         return []
     said = _positions(found) or _rows_scaled(found, f)
@@ -134,7 +134,7 @@ def _forward(report: Any, f: UserFacts, differ: int, n: int) -> List[Finding]:
     said = f"at step 0, with the same weights and rows, the model's outputs differ from the reference's in {differ} of {n} rows"
     apart = first_apart(f)
     if apart is None:
-        return [Finding(0, "loss", "certain rows", "forward-other", said)]
+        return [Finding(0, "loss", "certain rows", "forward-other", said)] if differ else []
     where = ("fed", apart.mark.name) if apart.fed else ("between", apart.mark.name) if apart.between else \
         ("module", apart.mark.name, apart.mark.key[0])
     return [Finding(0, "loss", "certain rows", "forward-other", f"at step 0, same weights and rows: {apart.words()}",

@@ -23,6 +23,7 @@ from .facts import UserFacts
 
 NORM = 1e-4  # relative: a row's norm that is the reference's
 VALUES = 1e-3  # relative: its sampled values, as a vector
+ROUNDOFF = 16  # x the dtype's epsilon: the least difference said in a low-precision activation
 
 
 @dataclass(frozen=True)
@@ -63,15 +64,17 @@ class Apart:
         return f"{self.mark.line} ({self.mark.name or self.mark.key[0]})" if self.mark.line else ""
 
 
-def _apart(a: Tuple[float, List[float]], b: Tuple[float, List[float]]) -> bool:
+def _apart(a: Tuple[float, List[float]], b: Tuple[float, List[float]], eps: float = 0.0) -> bool:
+    """Two rows differ beyond roundoff: ``NORM`` / ``VALUES`` relative, or ``ROUNDOFF`` x the dtype's
+    epsilon where that is more (a half-precision activation)."""
     (na, va), (nb, vb) = a, b
-    if abs(na - nb) > NORM * max(abs(na), abs(nb), 1e-30):
+    if abs(na - nb) > max(NORM, ROUNDOFF * eps) * max(abs(na), abs(nb), 1e-30):
         return True
     if len(va) != len(vb):
         return True
     diff = math.sqrt(sum((x - y) ** 2 for x, y in zip(va, vb)))
     scale = max(math.sqrt(sum(x * x for x in va)), math.sqrt(sum(y * y for y in vb)), 1e-30)
-    return diff > VALUES * scale
+    return diff > max(VALUES, 10 * ROUNDOFF * eps) * scale
 
 
 def _first(mine: List[Any], ref: List[Any], i: int, j: int) -> Tuple[Any, Any]:
@@ -86,7 +89,7 @@ def _first(mine: List[Any], ref: List[Any], i: int, j: int) -> Tuple[Any, Any]:
         o = named.get(m.named) or keyed.get(m.key)
         if o is None or i >= len(m.rows) or j >= len(o.rows):
             continue
-        if _apart(m.rows[i], o.rows[j]):
+        if _apart(m.rows[i], o.rows[j], max(getattr(m, "eps", 0.0), getattr(o, "eps", 0.0))):
             return m, before
         before = m
     return None, None

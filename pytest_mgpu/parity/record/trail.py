@@ -34,6 +34,7 @@ class Mark:
     line: str  # "file:line" of the user's code that called it ("" inside a library's model)
     rows: List[Tuple[float, List[float]]] = field(default_factory=list)
     call: int = 0  # its k-th call by that name in this forward
+    eps: float = 0.0  # the machine epsilon of its dtype: what roundoff is in it
 
     @property
     def named(self) -> Tuple[str, int, str]:
@@ -70,6 +71,12 @@ def caller_line(depth: int = 24) -> str:
     return ""
 
 
+def eps_of(t: Any) -> float:
+    import torch
+
+    return float(torch.finfo(t.dtype).eps) if isinstance(t, torch.Tensor) and t.is_floating_point() else 0.0
+
+
 def row_marks(t: Any, n: int) -> List[Tuple[float, List[float]]]:
     """Per row of ``t`` (``n`` rows, batch first): its norm and ``SAMPLE`` values at fixed positions;
     [] where ``t`` is no floating tensor of ``n`` rows."""
@@ -102,7 +109,7 @@ def fed_marks(top: str, given: Tuple[tuple, dict], n: int, first: int = 0) -> Li
     for i, (name, value) in enumerate((v for v in named if isinstance(v[1], torch.Tensor)), first):
         rows = row_marks(value, n)
         if rows:
-            out.append(Mark((top, i, FED), name, "", rows))
+            out.append(Mark((top, i, FED), name, "", rows, eps=eps_of(value)))
         elif not out and not first:
             return []  # the first tensor is the rows matched on: without it, nothing to read the others against
     return out
@@ -154,13 +161,14 @@ class Trail:
         line = caller_line()
         rows = row_marks(x, self.n)
         if rows:
-            self.marks.append(Mark((kind, k, "input"), shown, line, rows, call))
+            self.marks.append(Mark((kind, k, "input"), shown, line, rows, call, eps_of(x)))
 
         def ended(_module, _args, output):
             handle.remove()
-            got = row_marks(first_output(output), self.n)
+            t = first_output(output)
+            got = row_marks(t, self.n)
             if got and len(self.marks) < MARKS:
-                self.marks.append(Mark((kind, k, "output"), shown, line, got, call))
+                self.marks.append(Mark((kind, k, "output"), shown, line, got, call, eps_of(t)))
 
         try:
             handle = module.register_forward_hook(ended)

@@ -34,7 +34,7 @@ from .context import in_function, pipeline_inference
 from .fsdp1_flat import is_flat
 from .calls import fsdp1_clip, scheduler_steps
 from .prints import chunk_prints, fingerprint
-from .probe import attach
+from .probe import Probe, attach
 from .trail import Trail, holder_of
 from .scaler import scaler_calls
 from .sync import UNSYNCED_LAST, ddp_sync_off, fsdp2_sync
@@ -224,8 +224,11 @@ class Watch:
             elif self._depth == 0 and self._trail is not None and kwargs:
                 self._trail.given(kwargs)
             if self._depth == 0 and self._pending is not None:  # the outermost call's output
-                probe, self._pending = attach(output, self._pending), None
+                rows, self._pending = self._pending, None
+                probe = attach(output, rows)
                 marks, self._trail = self._trail.close() if self._trail is not None else [], None
+                if probe is None and marks:
+                    probe = Probe(list(rows), [], open=False)  # outputs not probed (a loss returned): its trail alone
                 if probe is not None:
                     probe.trail = marks
                     self._inputs.probes.append(probe)
