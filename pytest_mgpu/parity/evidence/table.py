@@ -378,7 +378,8 @@ MODULE: Final = Cause(
 _DERIVED: Final = tuple(Cause("forward-other", c.what, c.fix, c.why, c.when) for c in TABLE
                         if c.signal == "loss-other" and c.when not in (always, scaled, local_batch, hand_scale))
 _STATS: Final = tuple(c for c in _DERIVED if c.what.startswith(("BatchNorm", "Dropout")))
-FORWARD: Final = (FED_OTHER,) + tuple(c for c in _DERIVED if c not in _STATS) + (BETWEEN, MODULE) + _STATS + (
+LAYOUTS: Final = tuple(c for c in _DERIVED if c not in _STATS)  # a forward that exchanges rows by its layout
+FORWARD: Final = (FED_OTHER,) + LAYOUTS + (BETWEEN, MODULE) + _STATS + (
     Cause("forward-other", "the model's forward computes otherwise on the ranks (a layer reading other ranks' data, "
           "a buffer or a mode differs)", "find the first module whose output differs for one batch on both sides "
           "and compute it as the reference does"),)

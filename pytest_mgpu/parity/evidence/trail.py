@@ -46,18 +46,18 @@ class Apart:
         return self.mark.key[2] == FED
 
     def words(self) -> str:
-        """``norm1 (LayerNorm) gets another input (4 of 8 rows), where the output of embed (Linear) before
-        it agrees``, or ``the output of attn (Attention) differs first (8 of 8 rows), from the same input``."""
-        name = f"{self.mark.name or 'the model'} ({self.mark.key[0]})"
+        """``norm1's input differs first (4 of 8 rows), patch_embed's output before it the same``, or
+        ``attn's output differs first (8 of 8 rows), from the same input`` (short: the cause line keeps its fix)."""
+        name = self.mark.name or self.mark.key[0]
         rows = f"({self.rows} of {self.of} rows)"
         if self.fed:
-            return f"the ranks fed the model another {self.mark.name} {rows}, its first input the same"
+            return f"the ranks fed another {self.mark.name} {rows}, the first input the same"
         if not self.between:
-            return f"the output of {name} differs first {rows}, from the same input"
+            return f"{name}'s output differs first {rows}, from the same input"
         if self.before is None:
-            return f"{name}, the first module called, gets another input {rows}"
-        return (f"{name} gets another input {rows}, where the {self.before.key[2]} of "
-                f"{self.before.name or 'the model'} ({self.before.key[0]}) before it agrees")
+            return f"{name}'s input differs first {rows}, the first module called"
+        return f"{name}'s input differs first {rows}, {self.before.name or self.before.key[0]}'s {self.before.key[2]} " \
+               f"before it the same"
 
     def line(self) -> str:
         """``file:line (name)`` where the user's code called that module; "" where unknown."""
