@@ -53,7 +53,7 @@ class Apart:
         if self.fed:
             return f"the ranks fed another {self.mark.name} {rows}, the first input the same"
         if not self.between:
-            return f"{name}'s output differs first {rows}, from the same input"
+            return f"the output of {name} ({self.mark.key[0]}) differs first {rows}, from the same input"
         if self.before is None:
             return f"{name}'s input differs first {rows}, the first module called"
         return f"{name}'s input differs first {rows}, {self.before.name or self.before.key[0]}'s {self.before.key[2]} " \
@@ -97,7 +97,10 @@ def _first(mine: List[Any], ref: List[Any], i: int, j: int) -> Tuple[Any, Any]:
 
 def first_apart(f: UserFacts) -> Optional[Apart]:
     """The mark that is first to differ in most of the rows fed on both sides whose trails differ; None
-    where no trail was recorded or none differs."""
+    where no trail was recorded or none differs, or where the ranks hold layers sharded (tensor parallel,
+    by DTensor or by hand: their modules' outputs are parts by design)."""
+    if f.tensor_parallel or f.hand_sharded:
+        return None
     ref: Dict[str, Optional[Tuple[Any, int]]] = {}
     for q in f.ref_probes:
         for j, r in enumerate(q.rows):
