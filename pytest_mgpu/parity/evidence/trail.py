@@ -77,17 +77,25 @@ def _apart(a: Tuple[float, List[float]], b: Tuple[float, List[float]], eps: floa
     return diff > max(VALUES, 10 * ROUNDOFF * eps) * scale
 
 
-def _first(mine: List[Any], ref: List[Any], i: int, j: int) -> Tuple[Any, Any]:
-    """(the first of the rank's marks whose row ``i`` differs from the reference's row ``j``, the mark
-    compared before it); (None, None) where none does. Marks are matched by name, else by class."""
+def _pairs(mine: List[Any], ref: List[Any]) -> List[Tuple[Any, Any]]:
+    """Each of the rank's marks (the rows fed apart: matched already) with the reference's it is matched
+    to, by name, else by class; in the rank's call order."""
     named = {o.named: o for o in ref}
     keyed = {o.key: o for o in ref}
-    before = None
+    out = []
     for m in mine:
-        if m.key[2] == FED and m.key[1] == 0:
-            continue  # the rows fed: matched already
         o = named.get(m.named) or keyed.get(m.key)
-        if o is None or i >= len(m.rows) or j >= len(o.rows):
+        if o is not None and not (m.key[2] == FED and m.key[1] == 0):
+            out.append((m, o))
+    return out
+
+
+def _first(matched: List[Tuple[Any, Any]], i: int, j: int) -> Tuple[Any, Any]:
+    """(the first of the rank's marks whose row ``i`` differs from the reference's row ``j``, the mark
+    compared before it); (None, None) where none does."""
+    before = None
+    for m, o in matched:
+        if i >= len(m.rows) or j >= len(o.rows):
             continue
         if _apart(m.rows[i], o.rows[j], max(getattr(m, "eps", 0.0), getattr(o, "eps", 0.0))):
             return m, before
@@ -113,12 +121,15 @@ def first_apart(f: UserFacts) -> Optional[Apart]:
         for p in probes:
             if not getattr(p, "trail", None):
                 continue
+            matched: Dict[int, List[Tuple[Any, Any]]] = {}  # per reference probe
             for i, r in enumerate(p.rows):
                 got = ref.get(f"{r:.12g}")
                 if got is None or not getattr(got[0], "trail", None):
                     continue
                 compared += 1
-                m, before = _first(p.trail, got[0].trail, i, got[1])
+                if id(got[0]) not in matched:
+                    matched[id(got[0])] = _pairs(p.trail, got[0].trail)
+                m, before = _first(matched[id(got[0])], i, got[1])
                 if m is not None:
                     firsts[m.key] += 1
                     seen.setdefault(m.key, (m, before))
