@@ -8,22 +8,12 @@ import torch.distributed as tdist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-ROWS, D, STEPS = 8, 6, 3
-
-
-def batch(step: int):
-    g = torch.Generator().manual_seed(400 + step)
-    return torch.randn(ROWS, D, generator=g), torch.randn(ROWS, 1, generator=g)
-
-
-def _model() -> nn.Module:
-    torch.manual_seed(2)
-    return nn.Sequential(nn.Linear(D, 8), nn.Tanh(), nn.Linear(8, 1))
+from tests.own_grad_loops import ROWS, STEPS, batch, regression_model  # the same small regression
 
 
 def train(world_size: int, bug: str = "") -> None:
     rank = tdist.get_rank()
-    model = torch.compile(DDP(_model()), backend="aot_eager")
+    model = torch.compile(DDP(regression_model()), backend="aot_eager")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     n = ROWS // world_size
     for step in range(STEPS):
@@ -36,7 +26,7 @@ def train(world_size: int, bug: str = "") -> None:
 
 
 def reference(world_size: int) -> None:
-    model = torch.compile(_model(), backend="aot_eager")
+    model = torch.compile(regression_model(), backend="aot_eager")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(STEPS):
         x, y = batch(step)

@@ -17,7 +17,7 @@ def batch(step: int):
     return torch.randn(ROWS, D, generator=g), torch.randn(ROWS, 1, generator=g)
 
 
-def _model() -> nn.Module:
+def regression_model() -> nn.Module:
     torch.manual_seed(1)
     return nn.Sequential(nn.Linear(D, 8), nn.Tanh(), nn.Linear(8, 1))
 
@@ -50,7 +50,7 @@ def _main_grads(model: nn.Module) -> None:
 
 def main_grad_train(world_size: int, bug: str = "") -> None:
     rank, n = tdist.get_rank(), ROWS // world_size
-    model = _model()
+    model = regression_model()
     _main_grads(model)
     opt = MainGradSGD(model.parameters())
     for step in range(STEPS):
@@ -66,7 +66,7 @@ def main_grad_train(world_size: int, bug: str = "") -> None:
 
 
 def main_grad_reference(world_size: int) -> None:
-    model = _model()
+    model = regression_model()
     _main_grads(model)
     opt = MainGradSGD(model.parameters())
     for step in range(STEPS):
@@ -80,7 +80,7 @@ def main_grad_reference(world_size: int) -> None:
 def plain_train(world_size: int, bug: str = "") -> None:
     """Hand-written data parallel with ``.grad``: the ranks' side for the summing reference."""
     rank, n = tdist.get_rank(), ROWS // world_size
-    model = _model()
+    model = regression_model()
     opt = MainGradSGD(model.parameters())
     for step in range(STEPS):
         x, y = batch(step)
@@ -94,7 +94,7 @@ def plain_train(world_size: int, bug: str = "") -> None:
 
 def summing_reference(world_size: int) -> None:
     """The ranks' blocks one after another, gradients zeroed between them and summed in a buffer of its own."""
-    model = _model()
+    model = regression_model()
     opt = MainGradSGD(model.parameters())
     n = ROWS // world_size
     for step in range(STEPS):

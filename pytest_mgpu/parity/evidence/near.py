@@ -14,6 +14,7 @@ from ..record.trail import FED
 from .facts import UserFacts
 
 NEAR = 0.5  # a row within half the distance from a reference row to the nearest other is near it
+SPREAD = 64  # rows the median distance between the reference's rows is read from (pairs grow as its square)
 EQUAL = 1e-6  # relative: a sampled value that is the reference's
 
 
@@ -72,7 +73,8 @@ def near_rows(f: UserFacts) -> Optional[Near]:
     rows = [v[1] for v in ref.values()]
     if len(missing) < 1 or len(extra) < 1 or len(rows) < 3 or any(len(v) != len(rows[0]) for v in missing + extra):
         return None
-    spread = statistics.median(_distance(a, b) for i, a in enumerate(rows) for b in rows[i + 1:])
+    few = rows[:SPREAD]  # the median distance between the reference's rows, from its first rows: words only
+    spread = statistics.median(_distance(a, b) for i, a in enumerate(few) for b in few[i + 1:])
     if spread <= 0:
         return None
     found = []

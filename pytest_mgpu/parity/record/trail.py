@@ -11,14 +11,13 @@ the call.
 """
 from __future__ import annotations
 
-import functools
-import os
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..layout.names import holders
 from .probe import first_output
+from .where import caller_line
 
 SAMPLE = 32  # values kept per row, at fixed positions spread over it
 FED = "fed"  # the kind of the first mark: the outermost call's own input rows
@@ -43,35 +42,8 @@ class Mark:
         return self.name, self.call, self.key[2]
 
 
-@functools.lru_cache(maxsize=1)
-def _ours() -> Tuple[str, ...]:
-    """Folders whose frames are the call's machinery: torch and this plugin."""
-    import torch
-
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return tuple(p.rstrip(os.sep) + os.sep for p in (os.path.dirname(os.path.abspath(torch.__file__)), here))
-
-
-def caller_line(depth: int = 24) -> str:
-    """``file:line`` of the first frame outside torch and this plugin, where that frame is the user's
-    code; "" where it is a library's (a timm or transformers model's own forward) or not found."""
-    import sys
-    from types import FrameType
-
-    from .where import library, shown
-
-    frame: Optional[FrameType] = sys._getframe(1)
-    for _ in range(depth):
-        if frame is None:
-            return ""
-        name = os.path.abspath(frame.f_code.co_filename)
-        if not name.startswith(_ours()):
-            return "" if library(frame.f_code.co_filename) else f"{shown(name)}:{frame.f_lineno}"
-        frame = frame.f_back
-    return ""
-
-
 def eps_of(t: Any) -> float:
+    """The machine epsilon of a floating tensor's dtype (0 for anything else)."""
     import torch
 
     return float(torch.finfo(t.dtype).eps) if isinstance(t, torch.Tensor) and t.is_floating_point() else 0.0
@@ -136,7 +108,8 @@ class Trail:
         self.marks: List[Mark] = fed_marks(type(top).__name__, given, n)
         self._names: Dict[int, str] = {id(m): name for name, m in top.named_modules()}
         self._holder = holder  # the prefix of the module the loop wrote, inside its wrappers
-        self._seen: Counter = Counter()
+        self._by_class: Counter = Counter()  # calls so far per module class
+        self._by_name: Counter = Counter()  # calls so far per module name
         self._handles: List[Any] = []
 
     def given(self, kwargs: dict) -> None:
@@ -153,11 +126,11 @@ class Trail:
         if name is None or len(self.marks) >= MARKS or torch.compiler.is_compiling():
             return  # not part of this model (a loss module called inside its forward), or enough seen
         kind = type(module).__name__
-        k = self._seen[kind]
-        self._seen[kind] += 1
+        k = self._by_class[kind]
+        self._by_class[kind] += 1
         shown = _shown(name, self._holder)
-        call = self._seen[shown]
-        self._seen[shown] += 1
+        call = self._by_name[shown]
+        self._by_name[shown] += 1
         line = caller_line()
         rows = row_marks(x, self.n)
         if rows:

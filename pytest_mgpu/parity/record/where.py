@@ -27,12 +27,18 @@ Where = Dict[str, Tuple[str, ...]]  # kind -> the distinct locations seen, in or
 
 
 @functools.lru_cache(maxsize=1)
-def _roots() -> Tuple[str, ...]:
-    """The folders whose files are not the user's: torch, this plugin, the standard library, site-packages."""
+def _ours() -> Tuple[str, ...]:
+    """The folders whose frames are a call's machinery: torch and this plugin (the pytest_mgpu package)."""
     import torch
 
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the pytest_mgpu package
-    paths = {os.path.dirname(os.path.abspath(torch.__file__)), here}
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return tuple(p.rstrip(os.sep) + os.sep for p in (os.path.dirname(os.path.abspath(torch.__file__)), here))
+
+
+@functools.lru_cache(maxsize=1)
+def _roots() -> Tuple[str, ...]:
+    """The folders whose files are not the user's: torch, this plugin, the standard library, site-packages."""
+    paths = {p.rstrip(os.sep) for p in _ours()}
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
         p = sysconfig.get_paths().get(key)
         if p:
@@ -70,6 +76,20 @@ def user_line(skip: int = 1) -> str:
         name = frame.f_code.co_filename
         if not library(name):
             return f"{shown(name)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""
+
+
+def caller_line(depth: int = 24) -> str:
+    """``file:line`` of the first frame outside torch and this plugin, where that frame is the user's
+    code; "" where it is a library's (a timm or transformers model's own forward) or not found."""
+    frame: Optional[FrameType] = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            return ""
+        name = os.path.abspath(frame.f_code.co_filename)
+        if not name.startswith(_ours()):
+            return "" if library(frame.f_code.co_filename) else f"{shown(name)}:{frame.f_lineno}"
         frame = frame.f_back
     return ""
 
