@@ -12,6 +12,8 @@ loops, bugs caught, and whether the first "likely cause" names the bug.
     python benchmarks/parity/parity_diagnosis.py --set set7                 # ring attention, DLRM tables, GRPO, DPO, SyncBN FCN, ...
     python benchmarks/parity/parity_diagnosis.py --set set8                 # DDPM, TBPTT LSTM, Ulysses, KD, ZeRO-2 fp16, bf16 masters
     python benchmarks/parity/parity_diagnosis.py --set set9                 # MLM masking, MAE, mixup/cutmix, PPO+GAE, SimCLR gather
+    python benchmarks/parity/parity_diagnosis.py --set set10                # MoCo queue, focal num_pos, CTC lengths, beta-VAE, T5, ViT LLRD
+    python benchmarks/parity/parity_diagnosis.py --set set11                # the same six kinds, written by a second outsider
 
 Method. ``benchmarks/heldout/set1/`` holds nine trainer families written after public code (each
 module's docstring names it): per family a correct distributed loop ``train``, its correct
@@ -53,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.parity.diagnosis_report import report  # noqa: E402
 
-SETS = ("set1", "set2", "set3", "set4", "set5", "set6", "set7", "set8", "set9")  # under benchmarks/heldout/
+SETS = ("set1", "set2", "set3", "set4", "set5", "set6", "set7", "set8", "set9", "set10", "set11")  # under benchmarks/heldout/
 OLD_NAMES = {"heldout": "set1", "heldout2": "set2", "heldout3": "set3", "heldout4": "set4", "heldout5": "set5"}  # what --set once took
 PLUGIN = ROOT  # the checkout whose pytest_mgpu is judged; --plugin picks another
 PACKAGE = "heldout.set1"  # the family set judged; --set picks another before anything reads it
@@ -204,7 +206,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also keep the rows in this JSONL file")
     parser.add_argument("--analyze", type=Path, help="print the report of a saved JSONL file; run nothing")
     parser.add_argument("--set", choices=SETS + tuple(OLD_NAMES), default="set1", dest="package",
-                        help="the family set under benchmarks/heldout/: set1 (default), set2, ..., set8 or set9")
+                        help="the family set under benchmarks/heldout/: set1 (default), set2, ..., set10 or set11")
     parser.add_argument("--plugin", type=Path, default=ROOT,
                         help="the checkout whose pytest_mgpu is judged (default: this one)")
     args = parser.parse_args()
