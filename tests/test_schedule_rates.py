@@ -3,7 +3,8 @@ on lr sequences written out: a warm-up built for twice the steps, a scheduler al
 iterations, a base lr from the per-rank batch)."""
 from __future__ import annotations
 
-from pytest_mgpu.parity.evidence.state import schedule_rate, settled_factor
+from pytest_mgpu.parity.evidence.facts import UserFacts
+from pytest_mgpu.parity.evidence.schedule import lr_finding, schedule_rate, settled_factor
 
 WARMUP = [0.25, 0.5, 0.4167, 0.3333, 0.25]  # a linear warm-up over 2 steps, then a linear decay
 
@@ -29,3 +30,35 @@ def test_a_base_lr_from_the_per_rank_batch_is_reached_once_warm_up_ends():
     assert settled_factor(ranks, ref, 2) == 0.5
     assert settled_factor(ranks, ref, 4) == 0.0  # not 1/W at W = 4
     assert settled_factor([0.02, 0.3, 0.07], ref[:3], 2) == 0.0  # no monotone approach
+
+
+def _lr_cause(ranks, ref, world=2):
+    """The lr finding for lr sequences written out (one param group, or a list of groups per step)."""
+    wrap = lambda xs: [x if isinstance(x, list) else [x] for x in xs]  # noqa: E731
+    facts = UserFacts(strategy="ddp", world_size=world, rank_lrs=[[g] * world for g in wrap(ranks)], ref_lrs=wrap(ref))
+    return lr_finding(facts)
+
+
+def test_an_lr_set_once_per_epoch_where_the_reference_sets_it_every_iteration_is_held():
+    ref = [0.0, 0.1, 0.2, 0.3, 0.25, 0.1]  # a warm-up over 3 iterations, then a decay, every iteration
+    found = _lr_cause([0.0, 0.0, 0.0, 0.3, 0.3, 0.3], ref)  # the same schedule at the integer epoch
+    assert (found.signal, found.value) == ("lr-held", 3), found
+    assert "changes only every 3 steps" in found.evidence
+    assert _lr_cause([0.0, 0.0, 0.0, 0.3, 0.25, 0.1], ref).signal == "lr-schedule"  # held once, then moving
+
+
+def test_a_warm_up_counted_in_the_rank_s_batches_rises_at_a_fraction_of_the_rate():
+    ref = [0.0, 0.1, 0.2, 0.3, 0.25, 0.1]
+    found = _lr_cause([0.0, 0.05, 0.1, 0.3, 0.28, 0.25], ref)  # half the slope, then its own decay
+    assert (found.signal, found.value) == ("lr-warm-up", 0.5), found
+    assert "during the reference's warm-up (steps 0-2) the ranks' lr is 0.5x" in found.evidence
+    assert _lr_cause([0.0, 0.05, 0.1, 0.15, 0.125, 0.05], ref).signal == "lr-factor"  # 0.5x at every step
+
+
+def test_param_groups_whose_lrs_stand_otherwise_to_each_other_are_named():
+    ref = [[0.0, 0.0], [0.025, 0.1], [0.05, 0.2]]  # a head at 4x the body's lr (layer-wise decay)
+    found = _lr_cause([[0.0, 0.0], [0.1, 0.1], [0.2, 0.2]], ref)  # the scale left out on the ranks
+    assert found.signal == "lr-groups" and "every param group of the ranks stepped with lr 0.1" in found.evidence
+    found = _lr_cause([[0.0, 0.0], [0.1, 0.025], [0.2, 0.05]], ref)  # the scales reversed
+    assert found.signal == "lr-groups" and "in other proportions (ranks/reference: 0.25x to 4x" in found.evidence
+    assert _lr_cause([[0.0, 0.0], [0.05, 0.2], [0.1, 0.4]], ref).signal == "lr-factor"  # one factor in every group

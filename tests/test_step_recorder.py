@@ -13,11 +13,13 @@ from pytest_mgpu.parity.judge.vacuous import VACUOUS, nothing_compared
 from pytest_mgpu.parity.record.watch import Watch, fingerprint
 
 
-def _loop(epochs=50, deepcopy=False, lr=0.1, detach=False):
-    """An epoch-based loop with no notion of "steps": 4 batches per epoch."""
+def _loop(epochs=50, deepcopy=False, lr=0.1, detach=False, warmup=False):
+    """An epoch-based loop with no notion of "steps": 4 batches per epoch; ``warmup``: Adam, its lr
+    warmed up from 0 at the first step (MAE's and transformers' linear warm-ups start there)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    opt = torch.optim.Adam(model.parameters(), lr=lr) if warmup else torch.optim.SGD(model.parameters(), lr=lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: s / 4) if warmup else None
     if deepcopy:
         model = copy.deepcopy(model)  # the optimizer keeps the original's parameters
     data = torch.randn(16, 4, generator=torch.Generator().manual_seed(1))
@@ -29,6 +31,8 @@ def _loop(epochs=50, deepcopy=False, lr=0.1, detach=False):
             if loss.requires_grad:
                 loss.backward()
             opt.step()
+            if sched is not None:
+                sched.step()
 
 
 def _record(steps, **kw):
@@ -74,6 +78,14 @@ def test_a_side_that_does_not_train_is_nothing_compared():
     assert text.startswith(VACUOUS + ": fn on rank 0: every gradient was exactly zero")
     assert "its parameters never moved (3 step(s), and after the last)" in text
     assert nothing_compared([("x", _record(3, lr=0.0))]).startswith(VACUOUS)  # grads nonzero, lr 0
+
+
+def test_a_step_at_lr_0_with_gradients_is_a_step():
+    """A warm-up from lr 0 moves Adam's state at its first step: a loop of exactly `steps` optimizer
+    steps is `steps` steps. (A step at lr 0 with no gradient, DCP's state initialisation, is not:
+    test_modern_stack.py.)"""
+    side = _record(4, epochs=1, warmup=True)  # 4 batches: StopTraining at the 4th, not the loop's end
+    assert side.uncounted == 0 and [s.lrs[0] for s in side.steps] == pytest.approx([0.0, 0.025, 0.05, 0.075])
 
 
 def test_fingerprints_tell_rows_apart_and_equal_rows_alike():

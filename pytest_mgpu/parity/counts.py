@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
-from .evidence.state import schedule_rate
+from .evidence.schedule import schedule_rate
 from .record.recorder import SideLog
 
 Sides = List[Tuple[str, SideLog]]  # (who, what it logged); the reference first

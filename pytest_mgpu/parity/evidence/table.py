@@ -89,6 +89,20 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("lr-frozen", "the ranks' learning rate schedule never moves", "step the scheduler once per optimizer step "
           "(scheduler.step(), or a per-update call such as timm's step_update(num_updates)), as the reference does",
           "The scheduler is stepped per epoch, or not at all, where the reference steps it per update."),
+    Cause("lr-groups", "the param groups' learning rates differ from one another otherwise than in the reference: a "
+          "per-group lr scale (layer-wise lr decay's lr_scale, a head's own lr) left out, reversed or put on other "
+          "groups", "give each param group the same lr (base lr x its own scale) on both sides, and keep the scale "
+          "when the schedule writes the lr into the groups", "A schedule that sets one lr in every group, or scales "
+          "built from other layer ids, names or order."),
+    Cause("lr-held", "the ranks' learning rate is set once per epoch (or every few steps) where the reference's "
+          "changes at every iteration", "set the lr at every optimizer step (scheduler.step() per update, or the "
+          "per-iteration adjust at the fractional epoch), as the reference does", "An lr computed from the "
+          "integer epoch, or a scheduler stepped per epoch."),
+    Cause("lr-warm-up", "the ranks' warm-up is counted in other units than the reference's (it lasts another number "
+          "of steps)", "count the warm-up and the schedule's length in the optimizer steps the ranks take: iterations "
+          "per epoch from the ranks' loader (the global batch), not from the rank's batch or the data set's size",
+          "Iterations per epoch taken from the per-rank batch (W x too many), or a warm-up given in epochs on one "
+          "side and in steps on the other."),
     Cause("lr-schedule", "the learning rate differs", "step and restore the scheduler alike on both sides",
           "A scheduler stepped at another rate or point, created with other arguments, restarted, or not restored "
           "with a checkpoint (its state_dict saved and loaded beside the optimizer's)."),

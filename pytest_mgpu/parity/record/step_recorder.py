@@ -12,9 +12,10 @@ swallow it; every rank takes the same steps, so every rank stops at the same poi
 step's collectives have completed.
 
 An optimizer step inside another (ZeroRedundancyOptimizer steps its local optimizer) is one step.
-A step that cannot train is not counted (``SideLog.uncounted``): every learning rate 0, or every
-gradient zero and no parameter changed, as when DCP's ``set_optimizer_state_dict``
-creates the optimizer's state with one ``step()``. The loss of a step is every scalar
+A step that cannot train is not counted (``SideLog.uncounted``): every gradient zero (or none) and
+no parameter changed, as when DCP's ``set_optimizer_state_dict`` creates the optimizer's state with
+one ``step()`` at lr 0. A step at lr 0 with gradients (a warm-up that starts at 0) is a step: the
+optimizer's state moves, and the loop counts it. The loss of a step is every scalar
 backpropagated since the previous step (``watch.Inputs.loss``): gradient accumulation included.
 """
 from __future__ import annotations
@@ -64,7 +65,7 @@ class StepRecorder:
         self.side = SideLog()
         self._depth = 0
         self._names: Dict[int, Tuple[tuple, Dict[int, str]]] = {}  # id(optimizer) -> (param ids, names)
-        self._lr_zero = False  # the step under way has every lr 0: it cannot train
+        self._lr_zero = False  # the step under way has every lr 0 and no gradient: it cannot train
         self._before: Optional[Dict[str, Any]] = None  # local params where every gradient was zero
         self._seen: Optional[Inputs] = None  # what the step under way saw
         self._aside: List[StepLog] = []  # steps that changed nothing: not counted
@@ -112,9 +113,9 @@ class StepRecorder:
         census.clear()  # the trees as they are now: read once for the step's recording
         named = self._named(optimizer)
         lrs = [float(g["lr"]) for g in optimizer.param_groups if "lr" in g]
-        self._lr_zero = bool(lrs) and not any(lrs)
         models = self._owners(named)
         params, grads = read_full(named, models, census)
+        self._lr_zero = bool(lrs) and not any(lrs) and all(g is None or not bool(g.any()) for g in grads.values())
         if any(g is not None for g in grads.values()) and all(g is None or not bool(g.any()) for g in grads.values()):
             self._before = {n: _local(p).detach().clone() for n, p in named}
         if not self.side.steps:
@@ -159,7 +160,7 @@ class StepRecorder:
         raise StopTraining(f"stopped after optimizer step {self.steps}")
 
     def _changed_nothing(self, optimizer) -> bool:
-        """Every lr 0, or every gradient zero and every parameter as it was before the step."""
+        """Every lr 0 with no gradient, or every gradient zero and every parameter as it was before."""
         import torch
 
         before, self._before = self._before, None
