@@ -13,7 +13,8 @@ from .facts import UserFacts
 from .finding import Finding, Report
 from .located import located
 from .possible import possible_causes
-from .table import FORWARD, TABLE, Cause
+from .forward_causes import FORWARD
+from .table import TABLE, Cause
 
 EVIDENCE: Final = 240  # characters of a finding's evidence said before its location (the line keeps both)
 

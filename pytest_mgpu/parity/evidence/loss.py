@@ -5,10 +5,10 @@ and parameters agree is a matter of normalisation, not a divergence (``normalisa
 from __future__ import annotations
 
 import math
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from .facts import UserFacts
-from .finding import Finding, Report, factor_words, over
+from .finding import Finding, Report, factor_words, listed, over, replica_of
 
 EXACT = 1e-4  # relative: a factor read from the losses of every step alike
 SPLIT_SUM = 1e-5  # relative: the ranks' parts of one sequence add up to the reference's loss (roundoff apart)
@@ -124,8 +124,31 @@ def _other(report: Report, f: UserFacts) -> Optional[Finding]:
         if bad and not trained_alike(report, f, step) and not (in_passes(f, step, k) and
                                                                _grads_contradict(report, f, k, step)):
             shown = f" ({k:.4g}x the reference's)" if math.isfinite(k) else ""
+            split = term_split(report, step)
+            if split:
+                return Finding(step, "loss", "some modules", "loss-term", f"at step {step} the weights agree, the loss "
+                               f"differs{shown} and only {listed(split[0], 3)}'s gradients differ ("
+                               f"{listed(split[1], 3)}'s agree)", value=k, names=tuple(split[0]))
             return Finding(step, "loss", "all tensors", "loss-other",
                            f"at step {step} the weights agree but the loss differs{shown}", value=k)
+    return None
+
+
+def term_split(report: Report, step: int, depth: int = 3) -> Optional[Tuple[List[str], List[str]]]:
+    """(parts whose gradients differ, parts whose nonzero gradients agree) at ``step``, parts named by
+    the first 1..``depth`` components of the parameters' names, at the coarsest level where no part holds
+    both; None where every gradient differs or none does. A loss term that reads one part's output or
+    weights alone (a KL or auxiliary term, a penalty) reaches that part only."""
+    errs = [e for e in report.records[step].errors if e.kind == "grad" and replica_of(e) is None and not e.missing]
+    bad = {e.name for e in over(report, step, "grad", replicas=False)}
+    good = [e.name for e in errs if e.name not in bad and e.norm_ref > 0]
+    if not bad or not good:
+        return None
+    for d in range(1, depth + 1):
+        part = lambda n: ".".join(n.split(".")[:d])  # noqa: E731
+        off, on = list(dict.fromkeys(part(n) for n in sorted(bad))), list(dict.fromkeys(part(n) for n in good))
+        if not set(off) & set(on):
+            return off, on
     return None
 
 

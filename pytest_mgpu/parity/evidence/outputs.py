@@ -17,7 +17,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .facts import UserFacts
 from .finding import Finding, over
-from .table import LAYOUTS
+from .forward_causes import LAYOUTS
+from .fed import fed_kind
 from .trail import first_apart
 
 AGREE = 1e-4  # relative: an output row that is the reference's (its fingerprint and its norm)
@@ -136,10 +137,12 @@ def _forward(report: Any, f: UserFacts, differ: int, n: int) -> List[Finding]:
     apart = first_apart(f)
     if apart is None:
         return [Finding(0, "loss", "certain rows", "forward-other", said)] if differ else []
-    where = ("fed", apart.mark.name) if apart.fed else ("between", apart.mark.name) if apart.between else \
+    kind = fed_kind(f, apart) if apart.fed else ""
+    where = ("fed", apart.mark.name, kind) if apart.fed else ("between", apart.mark.name) if apart.between else \
         ("module", apart.mark.name, apart.mark.key[0])
-    found = Finding(0, "loss", "certain rows", "forward-other", f"at step 0, same weights and rows: {apart.words()}",
-                    names=where, line=apart.line())
+    more = {"slice": f"; each is another row's {apart.mark.name}", "draw": "; none is any row's of the reference"}.get(kind, "")
+    found = Finding(0, "loss", "certain rows", "forward-other", f"at step 0, same weights and rows: {apart.words()}"
+                    f"{more}", names=where, line=apart.line())
     if not differ and any(c.when(found, f) for c in LAYOUTS):
         return []  # no outputs probed, and a layout whose forward exchanges rows: the loss phase names it
     return [found]

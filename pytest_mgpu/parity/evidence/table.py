@@ -89,17 +89,15 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("lr-frozen", "the ranks' learning rate schedule never moves", "step the scheduler once per optimizer step "
           "(scheduler.step(), or a per-update call such as timm's step_update(num_updates)), as the reference does",
           "The scheduler is stepped per epoch, or not at all, where the reference steps it per update."),
-    Cause("lr-groups", "the param groups' learning rates differ from one another otherwise than in the reference: a "
-          "per-group lr scale (layer-wise lr decay's lr_scale, a head's own lr) left out, reversed or put on other "
-          "groups", "give each param group the same lr (base lr x its own scale) on both sides, and keep the scale "
+    Cause("lr-groups", "the param groups' lrs stand otherwise to each other than in the reference (a per-group "
+          "lr scale, e.g. layer-wise lr decay's lr_scale, left out, reversed or moved)", "give each param group the same lr (base lr x its own scale) on both sides, and keep the scale "
           "when the schedule writes the lr into the groups", "A schedule that sets one lr in every group, or scales "
           "built from other layer ids, names or order."),
-    Cause("lr-held", "the ranks' learning rate is set once per epoch (or every few steps) where the reference's "
-          "changes at every iteration", "set the lr at every optimizer step (scheduler.step() per update, or the "
+    Cause("lr-held", "the ranks' lr is set once per epoch (or every few steps); the reference's changes every "
+          "iteration", "set the lr at every optimizer step (scheduler.step() per update, or the "
           "per-iteration adjust at the fractional epoch), as the reference does", "An lr computed from the "
           "integer epoch, or a scheduler stepped per epoch."),
-    Cause("lr-warm-up", "the ranks' warm-up is counted in other units than the reference's (it lasts another number "
-          "of steps)", "count the warm-up and the schedule's length in the optimizer steps the ranks take: iterations "
+    Cause("lr-warm-up", "the ranks' warm-up is counted in other units (it lasts another number of steps)", "count the warm-up and the schedule's length in the optimizer steps the ranks take: iterations "
           "per epoch from the ranks' loader (the global batch), not from the rank's batch or the data set's size",
           "Iterations per epoch taken from the per-rank batch (W x too many), or a warm-up given in epochs on one "
           "side and in steps on the other."),
@@ -368,32 +366,3 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("update-frozen", "parameters that never change", "build the optimizer from the model's parameters with a "
           "nonzero lr", "The optimizer holds other parameters than the model's, or its lr is 0."),
 )
-# The model's outputs differ for the same rows and weights: the forward causes of a loss that differs (the
-# layouts' first: experts, parts held per rank, layers sharded by hand, an RNN, a sequence split), then where the
-# trail through the model shows the place (evidence/trail.py): code between two modules, or a module other than
-# a BatchNorm computing otherwise from the same input; then BatchNorm and dropout; then a forward computed
-# otherwise where none of their conditions holds.
-FED_OTHER: Final = Cause(
-    "forward-other", "the loop feeds the model another input beside the rows (an attention mask, decoder inputs, "
-    "positions or labels built otherwise)", "build every argument of the model's call as the reference does, "
-    "over the rank's slice of the global batch (shift, pad and mask the rank's rows exactly as the whole batch's)",
-    "", lambda x, f: x.names[:1] == ("fed",))
-BETWEEN: Final = Cause(
-    "forward-other", "the model's own code makes a module's input otherwise (a random draw, mask, index or count "
-    "per rank, or an exchange between ranks)", "compute that input as the reference does: "
-    "random draws for the global batch (a generator seeded alike on every rank, then the rank's slice), counts, "
-    "shapes and indices over the whole batch, and each step of the code in the reference's order", "",
-    lambda x, f: x.names[:1] == ("between",))
-MODULE: Final = Cause(
-    "forward-other", "a module computes otherwise from the same input (its buffers, mode, randomness or a "
-    "collective inside it)", "make that module's call the reference's: the same mode and buffers, "
-    "random draws for the global batch, and any collective inside it run exactly once", "",
-    lambda x, f: x.names[:1] == ("module",) and "BatchNorm" not in x.names[-1])
-_DERIVED: Final = tuple(Cause("forward-other", c.what, c.fix, c.why, c.when) for c in TABLE
-                        if c.signal == "loss-other" and c.when not in (always, scaled, local_batch, hand_scale))
-_STATS: Final = tuple(c for c in _DERIVED if c.what.startswith(("BatchNorm", "Dropout")))
-LAYOUTS: Final = tuple(c for c in _DERIVED if c not in _STATS)  # a forward that exchanges rows by its layout
-FORWARD: Final = (FED_OTHER,) + LAYOUTS + (BETWEEN, MODULE) + _STATS + (
-    Cause("forward-other", "the model's forward computes otherwise on the ranks (a layer reading other ranks' data, "
-          "a buffer or a mode differs)", "find the first module whose output differs for one batch on both sides "
-          "and compute it as the reference does"),)

@@ -64,7 +64,7 @@ class Apart:
         return f"{self.mark.line} ({self.mark.name or self.mark.key[0]})" if self.mark.line else ""
 
 
-def _apart(a: Tuple[float, List[float]], b: Tuple[float, List[float]], eps: float = 0.0) -> bool:
+def rows_apart(a: Tuple[float, List[float]], b: Tuple[float, List[float]], eps: float = 0.0) -> bool:
     """Two rows differ beyond roundoff: ``NORM`` / ``VALUES`` relative, or ``ROUNDOFF`` x the dtype's
     epsilon where that is more (a half-precision activation)."""
     (na, va), (nb, vb) = a, b
@@ -97,7 +97,7 @@ def _first(matched: List[Tuple[Any, Any]], i: int, j: int) -> Tuple[Any, Any]:
     for m, o in matched:
         if i >= len(m.rows) or j >= len(o.rows):
             continue
-        if _apart(m.rows[i], o.rows[j], max(getattr(m, "eps", 0.0), getattr(o, "eps", 0.0))):
+        if rows_apart(m.rows[i], o.rows[j], max(getattr(m, "eps", 0.0), getattr(o, "eps", 0.0))):
             return m, before
         before = m
     return None, None

@@ -1,0 +1,79 @@
+"""A tiny VAE trained by a hand-written data-parallel loop as research code writes one: the model is
+called with its rows and the reparameterisation noise (``model(x, eps)``), the noise drawn for the
+global batch and sliced per rank, and the loss a reconstruction term plus a KL term on the encoder's
+output whose weight warms up by optimizer step. For the evidence on the model's other arguments and on
+a loss term that reaches part of the model (``tests/test_loss_terms.py``); module level, so the loops
+travel by name."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as tdist
+import torch.nn.functional as F
+from torch import nn
+
+X, Z, ROWS, STEPS, WARM = 10, 3, 8, 3, 4
+
+
+class VAE(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = nn.Sequential(nn.Linear(X, 16), nn.Tanh(), nn.Linear(16, 2 * Z))
+        self.dec = nn.Sequential(nn.Linear(Z, 16), nn.Tanh(), nn.Linear(16, X))
+
+    def forward(self, x: torch.Tensor, eps: torch.Tensor):
+        mu, logvar = self.enc(x).chunk(2, dim=1)
+        return self.dec(mu + eps * torch.exp(0.5 * logvar)), mu, logvar
+
+
+def batch(step: int):
+    """The global batch's rows and its noise, one draw for the whole batch."""
+    g = torch.Generator().manual_seed(300 + step)
+    return torch.rand(ROWS, X, generator=g), torch.randn(ROWS, Z, generator=g)
+
+
+def loss_of(out, x, step: int, rows: int, kl_weight: float = 1.0) -> torch.Tensor:
+    """Reconstruction plus beta x KL, both summed over the rows and divided by ``rows``; beta warms up
+    over WARM optimizer steps (x ``kl_weight``)."""
+    recon, mu, logvar = out
+    kld = -0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp())
+    beta = min(1.0, (step + 1) / WARM) * kl_weight
+    return (F.mse_loss(recon, x, reduction="sum") + beta * kld) / rows
+
+
+def _model() -> VAE:
+    torch.manual_seed(0)
+    return VAE()
+
+
+def train(world_size: int, bug: str = "") -> None:
+    rank = tdist.get_rank()
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    n = ROWS // world_size
+    for step in range(STEPS):
+        x, eps = batch(step)
+        sl = slice(rank * n, (rank + 1) * n)
+        if bug == "eps_rank_seed":  # noise drawn per rank, with a seed of the rank's own
+            mine = torch.randn(n, Z, generator=torch.Generator().manual_seed(1000 * rank + step))
+        else:
+            mine = eps[:n] if bug == "eps_first_block" else eps[sl]  # every rank the first block of the draw
+        out = model(x[sl], mine)
+        kl_weight = world_size if bug == "kl_weight_global" else 1.0  # a KL weight from the global batch size
+        loss = loss_of(out, x[sl], step, n, kl_weight)
+        opt.zero_grad()
+        loss.backward()
+        for p in model.parameters():
+            tdist.all_reduce(p.grad)
+            p.grad /= world_size
+        opt.step()
+
+
+def reference(world_size: int) -> None:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(STEPS):
+        x, eps = batch(step)
+        loss = loss_of(model(x, eps), x, step, ROWS)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()

@@ -1,0 +1,39 @@
+"""A VAE's loop (``tests/latent_loops.py``): the model's second argument (its noise) drawn per rank or
+sliced at another offset is named for what it is, and a loss term that reaches the encoder alone (the
+KL term, its weight) is told from a loss computed otherwise as a whole. Real 2-rank loops."""
+import functools
+
+import pytest
+
+from pytest_mgpu import ParityError, world_sizes
+from tests import latent_loops as L
+
+CASES = {  # bug -> (the first cause, its evidence)
+    "eps_rank_seed": ("an input beside the rows is drawn per rank", "another argument 1 (8 of 8 rows), the first input "
+                      "the same; none is any row's of the reference"),
+    "eps_first_block": ("each rank gets another slice of a batch-wide input beside the rows",
+                        "another argument 1 (4 of 8 rows), the first input the same; each is another row's argument 1"),
+    "kl_weight_global": ("a loss term reaching only part of the model differs",
+                         "the loss differs (1.005x the reference's) and only enc's gradients differ (dec's agree)"),
+}
+
+
+def first_cause(text: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith("likely cause: "))
+
+
+@world_sizes(2)
+def test_the_correct_loop_passes(dist):
+    assert dist.assert_same_training(L.train, L.reference, dist.world_size, steps=L.STEPS, record="optimizer").passed
+
+
+@world_sizes(2)
+@pytest.mark.parametrize("bug", list(CASES))
+def test_the_noise_and_the_kl_term_are_named(dist, bug):
+    what, evidence = CASES[bug]
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(functools.partial(L.train, bug=bug), L.reference, dist.world_size, steps=L.STEPS,
+                                  record="optimizer")
+    line = first_cause(str(info.value))
+    assert line.startswith("likely cause: " + what), line
+    assert evidence in line and "latent_loops.py:" in line, line
