@@ -10,7 +10,8 @@ import signal
 
 import pytest
 
-from tests.conftest import Subpytest, run_together
+from tests.conftest import Subpytest
+from tests.early import register
 
 BAD = ["'x'", "'5'", "float('nan')", "float('inf')", "0", "-1"]
 
@@ -108,8 +109,8 @@ class _Dir:
 METHODS = ["thread", "signal"]
 
 
-@pytest.fixture(scope="module")
-def hangs(tmp_path_factory):
+@register("test_timeouts")
+def _runs(tmp_path_factory) -> list:
     """One session per --timeout-method, both at once (their hangs wait side by side). The 4-rank pool
     is cold when test_cold_pool starts, and pytest-timeout's limit (8 s) is short."""
     runs = []
@@ -119,8 +120,16 @@ def hangs(tmp_path_factory):
         (sp.pytester.path / "hang_fns.py").write_text(HANG_FNS)
         runs.append((sp, ("--mgpu-fallback=cpu", "-p", "no:randomly", "-rA", "--timeout=8",
                           f"--timeout-method={method}")))
+    return runs
+
+
+@pytest.fixture(scope="module")
+def hangs(early):
+    """The sessions of ``_runs``, started early (tests/early.py) or now: method -> Ended."""
+    runs = []
     try:
-        return dict(zip(METHODS, run_together(runs, timeout=300)))
+        runs, ended = early.wait("test_timeouts", timeout=300)
+        return dict(zip(METHODS, ended))
     finally:
         for sp, _ in runs:
             for p in sp.leftovers(timeout=10):

@@ -15,7 +15,8 @@ import signal
 
 import pytest
 
-from tests.conftest import Subpytest, run_together
+from tests.conftest import Subpytest
+from tests.early import register
 
 FNS = """
 import time, torch, torch.distributed as tdist
@@ -151,15 +152,22 @@ WARM = ("computing or starting or single_process or other_collective or after",
 NEXT_SESSION = "\n___ (the next session) ___\n"  # ends the last section of a session (see section())
 
 
-@pytest.fixture(scope="module")
-def sessions(tmp_path_factory):
+@register("test_verdicts")
+def _runs(tmp_path_factory) -> list:
     """Both modes at once, the warm one in two sessions (the fresh session's few cases run while the warm
     ones wait out their limits); fresh ranks that return exit at once: their records come back with
     their results."""
-    runs = [*(_prepare(tmp_path_factory, "-k", selected) for selected in WARM),
+    return [*(_prepare(tmp_path_factory, "-k", selected) for selected in WARM),
             _prepare(tmp_path_factory, "--mgpu-isolate", "-k", "desync or after")]
+
+
+@pytest.fixture(scope="module")
+def sessions(early):
+    """The sessions of ``_runs``, started early (tests/early.py) or now."""
+    runs = []
     try:
-        return run_together(runs, timeout=400)
+        runs, ended = early.wait("test_verdicts", timeout=400)
+        return ended
     finally:
         for sp, _ in runs:
             for p in sp.leftovers(timeout=10):
