@@ -19,8 +19,8 @@ FED_OTHER: Final = Cause(
     "over the rank's slice of the global batch (shift, pad and mask the rank's rows exactly as the whole batch's)",
     "", lambda x, f: x.names[:1] == ("fed",))
 FED_SLICE: Final = Cause(
-    "forward-other", "each rank gets another slice of a batch-wide input beside the rows (the same block on every "
-    "rank, or another offset)", "take the rank's own "
+    "forward-other", "each rank gets another slice of a batch-wide input beside the rows (noise or a mask drawn for "
+    "the whole batch: the same block on every rank, or another offset)", "take the rank's own "
     "block of every batch-wide input, at the same offset as its rows (rank x the per-rank batch)", "",
     lambda x, f: x.names[:1] == ("fed",) and x.names[2:3] == ("slice",))
 FED_DRAW: Final = Cause(

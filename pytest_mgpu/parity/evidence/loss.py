@@ -125,7 +125,8 @@ def _other(report: Report, f: UserFacts) -> Optional[Finding]:
                                                                _grads_contradict(report, f, k, step)):
             shown = f" ({k:.4g}x the reference's)" if math.isfinite(k) else ""
             split = term_split(report, step)
-            if split:
+            last = last_module(f)
+            if split and last and not any(n == last or n.startswith(last + ".") for n in split[0]):
                 return Finding(step, "loss", "some modules", "loss-term", f"at step {step} the weights agree, the loss "
                                f"differs{shown} and only {listed(split[0], 3)}'s gradients differ ("
                                f"{listed(split[1], 3)}'s agree)", value=k, names=tuple(split[0]))
@@ -134,11 +135,22 @@ def _other(report: Report, f: UserFacts) -> Optional[Finding]:
     return None
 
 
+def last_module(f: UserFacts) -> str:
+    """The name of the last module whose call ended in the reference's first probed forward (the one
+    nearest the model's output); "" where no trail was kept."""
+    for q in f.ref_probes:
+        ended = [m.name for m in getattr(q, "trail", None) or [] if m.key[2] == "output" and m.name]
+        if ended:
+            return ended[-1]
+    return ""
+
+
 def term_split(report: Report, step: int, depth: int = 3) -> Optional[Tuple[List[str], List[str]]]:
     """(parts whose gradients differ, parts whose nonzero gradients agree) at ``step``, parts named by
     the first 1..``depth`` components of the parameters' names, at the coarsest level where no part holds
     both; None where every gradient differs or none does. A loss term that reads one part's output or
-    weights alone (a KL or auxiliary term, a penalty) reaches that part only."""
+    weights alone (a KL or auxiliary term, a penalty) reaches that part only: the caller also asks that
+    the module nearest the output (``last_module``) be among the parts that agree."""
     errs = [e for e in report.records[step].errors if e.kind == "grad" and replica_of(e) is None and not e.missing]
     bad = {e.name for e in over(report, step, "grad", replicas=False)}
     good = [e.name for e in errs if e.name not in bad and e.norm_ref > 0]

@@ -51,7 +51,7 @@ class Apart:
         name = self.mark.name or self.mark.key[0]
         rows = f"({self.rows} of {self.of} rows)"
         if self.fed:
-            return f"the ranks fed another {self.mark.name} {rows}, the first input the same"
+            return f"another {self.mark.name} fed {rows}"
         if not self.between:
             return f"the output of {name} ({self.mark.key[0]}) differs first {rows}, from the same input"
         if self.before is None:
