@@ -15,14 +15,28 @@ X, Z, ROWS, STEPS, WARM = 10, 3, 8, 3, 4
 
 
 class VAE(nn.Module):
-    def __init__(self) -> None:
+    """``queue``: a queue of past codes (MoCo's) read by the loss and refreshed in the forward with the
+    batch's codes: every rank's, gathered (``local``: the rank's own only)."""
+
+    def __init__(self, queue: bool = False, local: bool = False) -> None:
         super().__init__()
         self.enc = nn.Sequential(nn.Linear(X, 16), nn.Tanh(), nn.Linear(16, 2 * Z))
         self.dec = nn.Sequential(nn.Linear(Z, 16), nn.Tanh(), nn.Linear(16, X))
+        self.register_buffer("queue", torch.ones(2 * ROWS, Z) if queue else torch.zeros(0, Z))
+        self.local = local
 
     def forward(self, x: torch.Tensor, eps: torch.Tensor):
         mu, logvar = self.enc(x).chunk(2, dim=1)
-        return self.dec(mu + eps * torch.exp(0.5 * logvar)), mu, logvar
+        near = (mu @ self.queue.T).mean() if len(self.queue) else mu.new_zeros(())  # the codes against the queue
+        out = (self.dec(mu + eps * torch.exp(0.5 * logvar)), mu, logvar, near)
+        if len(self.queue):
+            keys = mu.detach()
+            if tdist.is_initialized() and not self.local:
+                parts = [torch.empty_like(keys) for _ in range(tdist.get_world_size())]
+                tdist.all_gather(parts, keys)
+                keys = torch.cat(parts)
+            self.queue = torch.cat([self.queue[len(keys):], keys])
+        return out
 
 
 def batch(step: int):
@@ -34,20 +48,20 @@ def batch(step: int):
 def loss_of(out, x, step: int, rows: int, kl_weight: float = 1.0) -> torch.Tensor:
     """Reconstruction plus beta x KL, both summed over the rows and divided by ``rows``; beta warms up
     over WARM optimizer steps (x ``kl_weight``)."""
-    recon, mu, logvar = out
+    recon, mu, logvar, near = out
     kld = -0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp())
     beta = min(1.0, (step + 1) / WARM) * kl_weight
-    return (F.mse_loss(recon, x, reduction="sum") + beta * kld) / rows
+    return (F.mse_loss(recon, x, reduction="sum") + beta * kld) / rows + near
 
 
-def _model() -> VAE:
+def _model(bug: str = "") -> VAE:
     torch.manual_seed(0)
-    return VAE()
+    return VAE(queue=bug.startswith("queue"), local=bug == "queue_local")
 
 
 def train(world_size: int, bug: str = "") -> None:
     rank = tdist.get_rank()
-    model = _model()
+    model = _model(bug)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     n = ROWS // world_size
     for step in range(STEPS):
@@ -68,8 +82,8 @@ def train(world_size: int, bug: str = "") -> None:
         opt.step()
 
 
-def reference(world_size: int) -> None:
-    model = _model()
+def reference(world_size: int, bug: str = "") -> None:
+    model = _model(bug)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     for step in range(STEPS):
         x, eps = batch(step)

@@ -1,6 +1,7 @@
 """A VAE's loop (``tests/latent_loops.py``): the model's second argument (its noise) drawn per rank or
-sliced at another offset is named for what it is, and a loss term that reaches the encoder alone (the
-KL term, its weight) is told from a loss computed otherwise as a whole. Real 2-rank loops."""
+sliced at another offset is named for what it is, a loss term that reaches the encoder alone (the KL
+term, its weight) is told from a loss computed otherwise as a whole, and a queue refreshed in the forward
+with each rank's own codes from state loaded otherwise. Real 2-rank loops."""
 import functools
 
 import pytest
@@ -25,6 +26,20 @@ def first_cause(text: str) -> str:
 @world_sizes(2)
 def test_the_correct_loop_passes(dist):
     assert dist.assert_same_training(L.train, L.reference, dist.world_size, steps=L.STEPS, record="optimizer").passed
+    queue = functools.partial(L.train, bug="queue"), functools.partial(L.reference, bug="queue")
+    assert dist.assert_same_training(*queue, dist.world_size, steps=L.STEPS, record="optimizer").passed
+
+
+@world_sizes(2)
+def test_a_queue_refreshed_with_each_rank_s_own_codes_is_named(dist):
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(functools.partial(L.train, bug="queue_local"), functools.partial(L.reference, bug="queue"),
+                                  dist.world_size, steps=L.STEPS, record="optimizer")
+    line = first_cause(str(info.value))
+    assert line.startswith("likely cause: state no optimizer steps is updated in the forward from each rank's own "
+                           "rows"), line
+    assert "(rank 1 vs rank 0: queue), alike before the first forward" in line, line
+    assert "latent_loops.py:" in line, line
 
 
 @world_sizes(2)

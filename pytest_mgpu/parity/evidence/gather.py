@@ -14,6 +14,20 @@ from .inputs import sequence_split, tp_rows_differ
 from .outputs import agree
 
 
+def _state_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, steps: int) -> None:
+    """The state each step started from: learning rates, hyperparameters, optimizer state, state no
+    optimizer steps (and that state before the first forward)."""
+    facts.rank_lrs = [[side.steps[i].lrs for side in ranks] for i in range(steps)]
+    facts.ref_lrs = [s.lrs for s in ref.steps]
+    facts.rank_hyper = [[side.steps[i].hyper for side in ranks] for i in range(steps)]
+    facts.ref_hyper = [s.hyper for s in ref.steps]
+    facts.rank_states = [[side.steps[i].state for side in ranks] for i in range(steps)]
+    facts.ref_states = [s.state for s in ref.steps]
+    facts.untrained = [[side.steps[i].untrained for side in ranks] for i in range(steps)]
+    facts.ref_untrained = [s.untrained for s in ref.steps]
+    facts.rank_start = [side.start for side in ranks]
+
+
 def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Layout) -> None:
     """Fill the loop evidence of ``facts`` from the sides' records (test process)."""
     steps = len(ref.steps)
@@ -28,14 +42,7 @@ def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Lay
         [f"{n} in fn on the ranks" for n in dict.fromkeys(n for side in ranks for n in side.dropout)]
     facts.rank_batchnorm = [] if facts.tensor_parallel else list(ranks[0].batchnorm)
     facts.tp_inputs_differ = facts.tensor_parallel and tp_rows_differ(facts)
-    facts.rank_lrs = [[side.steps[i].lrs for side in ranks] for i in range(steps)]
-    facts.ref_lrs = [s.lrs for s in ref.steps]
-    facts.rank_hyper = [[side.steps[i].hyper for side in ranks] for i in range(steps)]
-    facts.ref_hyper = [s.hyper for s in ref.steps]
-    facts.rank_states = [[side.steps[i].state for side in ranks] for i in range(steps)]
-    facts.ref_states = [s.state for s in ref.steps]
-    facts.untrained = [[side.steps[i].untrained for side in ranks] for i in range(steps)]
-    facts.ref_untrained = [s.untrained for s in ref.steps]
+    _state_facts(facts, ranks, ref, steps)
     facts.carried = carried_over(ranks[0], ref) if ranks else ""
     facts.rank_backwards = max((side.steps[0].backwards for side in ranks if side.steps), default=1)
     facts.rank_step_backwards = [[side.steps[i].backwards for side in ranks] for i in range(steps)]

@@ -155,6 +155,10 @@ def _untrained(f: UserFacts) -> Optional[Finding]:
         first = ranks[0]
         for r, mine in enumerate(ranks[1:], start=1):
             apart = _apart(mine, first)
+            if apart and step == 0 and _started_alike(f, r, apart):
+                return Finding(step, "state", "one rank alone", "untrained-forward",
+                               f"before step 0 it differs between ranks (rank {r} vs rank 0: {listed(apart)}), alike "
+                               "before the first forward", names=tuple(apart))
             if apart:
                 return Finding(step, "state", "one rank alone", "untrained-rank",
                                f"before step {step} the state no optimizer steps differs between ranks (rank {r} vs "
@@ -169,6 +173,14 @@ def _untrained(f: UserFacts) -> Optional[Finding]:
                            f"({listed(apart)})" + (f", while it agreed before step {step - 1}" if agreed else ""),
                            names=tuple(apart))
     return None
+
+
+def _started_alike(f: UserFacts, r: int, names: List[str]) -> bool:
+    """Rank ``r`` and rank 0 held ``names`` alike before their first forward."""
+    if len(f.rank_start) <= r:
+        return False
+    mine, first = f.rank_start[r], f.rank_start[0]
+    return all(n in mine and n in first for n in names) and not _apart({n: mine[n] for n in names}, first)
 
 
 def _apart(mine: Dict[str, float], theirs: Dict[str, float]) -> List[str]:

@@ -120,6 +120,10 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "(optimizer.state_dict(), or DCP get_optimizer_state_dict/set_optimizer_state_dict)",
           "An optimizer built anew and not restored starts with no state (Adam's moments zero, step counters "
           "restarted)."),
+    Cause("untrained-forward", "state no optimizer steps is updated in the forward from each rank's own rows (a "
+          "queue or memory bank not gathered from every rank)", "gather what "
+          "updates it from every rank first (all_gather, MoCo's concat_all_gather) and update it alike on every "
+          "rank, as the reference does with the whole batch", "The ranks held it alike before the first forward."),
     Cause("untrained-rank", "state no optimizer steps (a frozen teacher, buffers) differs between ranks from the "
           "start: loaded or initialised on some ranks only", "load it (load_state_dict) on every rank, or broadcast "
           "rank 0's tensors to the others, before training", "", lambda x, f: x.step == 0),

@@ -175,7 +175,8 @@ def _renamed(side: SideLog, names: NameMap) -> SideLog:
         return dataclasses.replace(s, grads=rename(s.grads, names.to_ref), params=rename(s.params, names.to_ref),
                                    untrained={names.convert(n): v for n, v in s.untrained.items()})
 
-    return dataclasses.replace(side, steps=[step(s) for s in side.steps], final=rename(side.final, names.to_ref))
+    return dataclasses.replace(side, steps=[step(s) for s in side.steps], final=rename(side.final, names.to_ref),
+                               start={names.convert(n): v for n, v in side.start.items()})
 
 
 def _gathered(sides: List[SideLog], sharding: Sharding) -> List[SideLog]:

@@ -149,6 +149,7 @@ class SideLog:
     scaled_clips: int = 0  # clip_grad_norm_ calls after scaler.scale(loss) and before scaler.unscale_
     tp_peers: List[int] = field(default_factory=list)  # ranks that share this one's batch (TP/SP dims)
     holders: List[str] = field(default_factory=list)  # name prefixes of modules holding the whole model (wrappers)
+    start: Dict[str, float] = field(default_factory=dict)  # state no optimizer steps before the first forward
 
 
 def grad_of(p):

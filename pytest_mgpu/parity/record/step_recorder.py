@@ -70,6 +70,8 @@ class StepRecorder:
         self._seen: Optional[Inputs] = None  # what the step under way saw
         self._aside: List[StepLog] = []  # steps that changed nothing: not counted
         self._taken = False  # the step under way was recorded (a closure it was given may not have run)
+        if not watch.light:
+            watch.on_new_root = self._start_state
 
     @contextlib.contextmanager
     def installed(self):
@@ -167,6 +169,16 @@ class StepRecorder:
         if self._lr_zero:
             return True
         return before is not None and all(torch.equal(_local(p), before[n]) for n, p in self._named(optimizer))
+
+    def _start_state(self) -> None:
+        """Before the first forward of each model (first step only): the state no optimizer steps it
+        starts from (fingerprints of its buffers and parameters), read against step 0's to tell state
+        loaded otherwise from state a forward updates (a queue, a memory bank)."""
+        if self.side.steps:
+            return
+        with quiet():
+            roots = prefixed(self.watch.model_roots(), merge=False)
+            self.side.start.update(untrained_state(roots, [], list(self.watch.stateful.values())))
 
     # -- names ----------------------------------------------------------------------------------
     def _owners(self, named: List[Tuple[str, Any]]) -> List[Tuple[str, Any]]:
