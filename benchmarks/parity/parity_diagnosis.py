@@ -14,6 +14,7 @@ loops, bugs caught, and whether the first "likely cause" names the bug.
     python benchmarks/parity/parity_diagnosis.py --set set9                 # MLM masking, MAE, mixup/cutmix, PPO+GAE, SimCLR gather
     python benchmarks/parity/parity_diagnosis.py --set set10                # MoCo queue, focal num_pos, CTC lengths, beta-VAE, T5, ViT LLRD
     python benchmarks/parity/parity_diagnosis.py --set set11                # the same six kinds, written by a second outsider
+    python benchmarks/parity/parity_diagnosis.py --set set12                # WGAN-GP, SAM, SWA, LARS, bf16 AMP + checkpointing, TP x DP
 
 Method. ``benchmarks/heldout/set1/`` holds nine trainer families written after public code (each
 module's docstring names it): per family a correct distributed loop ``train``, its correct
@@ -55,7 +56,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.parity.diagnosis_report import report  # noqa: E402
 
-SETS = ("set1", "set2", "set3", "set4", "set5", "set6", "set7", "set8", "set9", "set10", "set11")  # under benchmarks/heldout/
+SETS = ("set1", "set2", "set3", "set4", "set5", "set6", "set7", "set8", "set9", "set10", "set11", "set12")  # under benchmarks/heldout/
 OLD_NAMES = {"heldout": "set1", "heldout2": "set2", "heldout3": "set3", "heldout4": "set4", "heldout5": "set5"}  # what --set once took
 PLUGIN = ROOT  # the checkout whose pytest_mgpu is judged; --plugin picks another
 PACKAGE = "heldout.set1"  # the family set judged; --set picks another before anything reads it
@@ -112,7 +113,8 @@ def test_case(dist, case):
 
 
 def all_cases() -> list[dict]:
-    """Every correct variant at each of its world sizes, then every bug at 2 ranks."""
+    """Every correct variant at each of its world sizes, then every bug at 2 ranks (the family's
+    ``BUG_WORLD`` where it sets one)."""
     cases = []
     for family in families():
         mod = importlib.import_module(f"benchmarks.{PACKAGE}.{family}")
@@ -120,8 +122,9 @@ def all_cases() -> list[dict]:
             for w in worlds:
                 cases.append({"name": f"{family}.ok-{variant}-w{w}", "family": family, "bug": None,
                               "variant": None if variant == "default" else variant, "world": w})
+        bw = getattr(mod, "BUG_WORLD", 2)   # a family whose bugs need more ranks says so
         for bug in mod.BUGS:
-            cases.append({"name": f"{family}.{bug}-w2", "family": family, "bug": bug, "variant": None, "world": 2})
+            cases.append({"name": f"{family}.{bug}-w{bw}", "family": family, "bug": bug, "variant": None, "world": bw})
     return cases
 
 
@@ -206,7 +209,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also keep the rows in this JSONL file")
     parser.add_argument("--analyze", type=Path, help="print the report of a saved JSONL file; run nothing")
     parser.add_argument("--set", choices=SETS + tuple(OLD_NAMES), default="set1", dest="package",
-                        help="the family set under benchmarks/heldout/: set1 (default), set2, ..., set10 or set11")
+                        help="the family set under benchmarks/heldout/: set1 (default), set2, ..., set11 or set12")
     parser.add_argument("--plugin", type=Path, default=ROOT,
                         help="the checkout whose pytest_mgpu is judged (default: this one)")
     args = parser.parse_args()

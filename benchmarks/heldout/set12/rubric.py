@@ -1,0 +1,155 @@
+"""Per bug of heldout12: the first cause a right diagnosis names (``EXPECTED``) and the regexes that accept
+it (``RUBRIC``), matched against the lower-cased "likely cause" line. Written from what each bug is,
+before any run of the plugin on this set; not changed after.
+
+A right cause names the mechanism in any of its usual wordings: for a random draw made per rank, the
+draw / generator / seed; for a reduction or a normaliser, the reduction / sum / mean / scale; for a
+missing or misplaced all-reduce, the all-reduce / sync / no_sync / process group; for a schedule, the
+learning rate / scheduler; for the SWA bugs, the averaging / update_bn / BatchNorm statistics; for the
+AMP bugs, the unscale / clipping / accumulation / checkpoint recompute; for the 2-D parallel bugs, the
+group, the row- or column-parallel layer, the partial sum or the rows each rank reads.
+"""
+from __future__ import annotations
+
+import re
+
+NO_SYNC = r"no_sync|(not|never|without|missing|skipp\w*|no)\b.{0,25}(all.?reduc|sync|averag)|unsynchron|local grad"
+LR = r"learning.?rate|\blr\b|schedul"
+
+EXPECTED = {
+    "wgan_gp.gp_no_create_graph": "the penalty's input gradient is taken without create_graph: no double backward, the penalty does not reach the critic",
+    "wgan_gp.alpha_per_rank": "the interpolation alphas are drawn per rank instead of for the global batch",
+    "wgan_gp.alpha_per_element": "the interpolation alpha has the samples' shape (per element) instead of one per sample",
+    "wgan_gp.gp_norm_whole_batch": "the gradient norm is taken over the whole batch instead of per sample",
+    "wgan_gp.gp_sum_rows": "the penalty's reduction over rows is a sum instead of a mean",
+    "wgan_gp.critic_count_off": "the n_critic count: the generator steps after the first critic step, not the n_critic-th",
+    "wgan_gp.z_same_on_ranks": "the generator's noise is not sharded: every rank uses the same rows",
+    "sam_ddp.ascent_local_grad": "the ascent pass is not all-reduced (no_sync): e_w from the local gradient",
+    "sam_ddp.descent_local_grad": "the second pass is not all-reduced (no_sync): the base step uses the local gradient",
+    "sam_ddp.restore_forgotten": "the weights are not restored from w + e_w before the base step",
+    "sam_ddp.step_before_restore": "the base step is taken before the restore, which overwrites it",
+    "sam_ddp.norm_per_param": "the ascent is normalised per parameter instead of by the global gradient norm",
+    "sam_ddp.no_zero_between": "the gradients are not zeroed between the two passes (accumulated)",
+    "sam_ddp.second_loss_unsmoothed": "the second pass uses a different loss (no label smoothing)",
+    "swa_bn.swa_start_late": "averaging / SWALR start one epoch late (swa_start off by one)",
+    "swa_bn.update_per_step": "the averaged model is updated every iteration instead of every epoch",
+    "swa_bn.update_bn_shard": "update_bn reads only the rank's shard: BatchNorm statistics from part of the data",
+    "swa_bn.update_bn_skipped": "update_bn is not called: stale BatchNorm statistics",
+    "swa_bn.base_sched_too": "the base scheduler is still stepped after the switch to SWALR",
+    "swa_bn.params_only_copied": "only parameters are copied back: the BatchNorm buffers / statistics are not",
+    "swa_bn.swalr_per_iter": "SWALR is stepped per iteration instead of per epoch",
+    "lars_warmup.lr_local_batch": "the lr is scaled by the per-device batch instead of the global batch",
+    "lars_warmup.warmup_in_epochs": "warmup / cosine are counted in epochs instead of iterations (lr schedule)",
+    "lars_warmup.bias_adapted": "biases / norm weights are not excluded from the LARS adaptation",
+    "lars_warmup.bias_decayed": "biases / norm weights are not excluded from weight decay",
+    "lars_warmup.trust_global_norm": "the trust ratio is global instead of per layer",
+    "lars_warmup.lr_after_step": "the lr is set after the optimizer step (off by one)",
+    "lars_warmup.loader_len_global": "the schedule's steps per epoch come from the undistributed loader length",
+    "amp_ckpt.clip_before_unscale": "the gradients are clipped before unscale_ (clipping the scaled gradients)",
+    "amp_ckpt.manual_unscale": "the gradients are unscaled twice (by hand and by scaler.step)",
+    "amp_ckpt.step_per_micro": "the optimizer / scaler steps on every micro-batch instead of after the accumulation",
+    "amp_ckpt.sync_wrong_micro": "no_sync on the wrong micro-batch: the last micro-batch's gradient is not all-reduced",
+    "amp_ckpt.loss_not_divided": "the micro-batch loss is not divided by the accumulation steps",
+    "amp_ckpt.ckpt_rng_not_preserved": "checkpoint's recompute draws a different dropout mask (RNG state not preserved)",
+    "amp_ckpt.zero_grad_per_micro": "zero_grad on every micro-batch: the accumulated gradient is discarded",
+    "tp_dp_2d.dp_allreduce_world": "the gradient all-reduce uses the world group instead of the DP group",
+    "tp_dp_2d.dp_allreduce_missing": "the gradients are not all-reduced over the DP group",
+    "tp_dp_2d.dp_sum_not_avg": "the DP all-reduce sums without dividing by the DP size",
+    "tp_dp_2d.row_out_not_reduced": "the row-parallel layer's partial outputs are not all-reduced",
+    "tp_dp_2d.copy_bwd_no_reduce": "copy_to's backward does not all-reduce the input gradient over the TP group",
+    "tp_dp_2d.bias_before_reduce": "the row-parallel bias is added before the all-reduce (counted TP times)",
+    "tp_dp_2d.rows_by_global_rank": "the rows are split by global rank instead of DP rank: TP ranks read different rows",
+    "val_sched.no_set_epoch": "set_epoch is not called: every epoch has the same shuffle (sampler / data order)",
+    "val_sched.sampler_seed_per_rank": "the samplers' seeds differ per rank: the ranks' shuffles differ, rows repeated or skipped",
+    "val_sched.eval_left_on": "the model is left in eval mode after validation: dropout off in training",
+    "val_sched.val_metric_local": "the validation metric is not all-reduced: each rank's schedule follows its own shard",
+    "val_sched.eval_counts_steps": "the validation batches advance the step counter that drives the lr schedule",
+    "val_sched.val_train_mode": "validation runs in train mode: dropout active in the validation forward",
+}
+
+RUBRIC = {
+    "wgan_gp.gp_no_create_graph": [r"create_graph", r"double.?backward", r"second.?order", r"higher.?order",
+                                   r"autograd\.grad", r"penalty.{0,60}(graph|detach|no grad|not differentiat|constant|dropped|ignored|missing)",
+                                   r"(graph|detach\w*).{0,60}penalty"],
+    "wgan_gp.alpha_per_rank": [r"alpha", r"interpolat", r"(random|rng|generator|seed|draw\w*|sampl\w*).{0,60}(rank|per.process|each process|differ)",
+                               r"(rank|per.process|each process).{0,60}(random|rng|generator|seed|draw|sampl)"],
+    "wgan_gp.alpha_per_element": [r"alpha.{0,60}(shape|per.(element|feature|sample)|broadcast)",
+                                  r"(shape|per.(element|feature)).{0,60}alpha", r"interpolat.{0,60}(shape|per.(element|feature))"],
+    "wgan_gp.gp_norm_whole_batch": [r"norm.{0,60}(dim|per.(sample|row|example)|whole batch|entire batch|axis|flatten)",
+                                    r"(per.(sample|row|example)|\bdim\b).{0,60}norm"],
+    "wgan_gp.gp_sum_rows": [r"\bsum", r"reduction", r"\bmean\b", r"averag", r"normali[sz]", r"scal(e|ing)", r"batch.?size", r"divid"],
+    "wgan_gp.critic_count_off": [r"n_critic", r"critic (step|iter|update)s?", r"\border\b", r"off.by.one", r"interleav",
+                                 r"alternat", r"(generator|\bg\b).{0,30}(step|update).{0,30}(early|before|after|too)",
+                                 r"step count|number of (critic )?steps"],
+    "wgan_gp.z_same_on_ranks": [r"(noise|\bz\b|latent).{0,80}(shard|split|slic|block|same|duplicat|every rank|all ranks|identical)",
+                                r"(shard|split|slic|duplicat|same|identical).{0,80}(noise|\bz\b|latent)",
+                                r"(same|identical|duplicat\w*) (rows|samples|inputs|batch|data)", r"not (sharded|split)|unsharded|unsplit"],
+    "sam_ddp.ascent_local_grad": [NO_SYNC, r"ascent", r"first (pass|step|backward)", r"perturb", r"e_w", r"rank'?s own grad"],
+    "sam_ddp.descent_local_grad": [NO_SYNC, r"second (pass|backward)"],
+    "sam_ddp.restore_forgotten": [r"restor", r"old_p", r"old (weights|param)", r"perturb\w* (is |are )?(not|never|left|kept)",
+                                  r"w \+ e", r"e_w", r"undo|undone"],
+    "sam_ddp.step_before_restore": [r"restor", r"old_p", r"\border\b", r"overwrit", r"undo|undone", r"step.{0,40}(lost|discard)"],
+    "sam_ddp.norm_per_param": [r"norm", r"per.(param|tensor|layer)", r"scal"],
+    "sam_ddp.no_zero_between": [r"zero.?grad", r"accumulat", r"not (zeroed|cleared|reset)", r"stale grad", r"leftover",
+                                r"added onto|grad\w* (add|sum)"],
+    "sam_ddp.second_loss_unsmoothed": [r"smooth", r"loss (function|differ|changed|mismatch)", r"\blabel", r"criterion", r"cross.?entropy"],
+    "swa_bn.swa_start_late": [LR, r"swalr", r"\bswa", r"averaged model|weight averag", r"start\w* (one|an|1) epoch", r"\blate\b",
+                              r"off.by.one", r"switch"],
+    "swa_bn.update_per_step": [r"update_parameters", r"averaged model|weight averag", r"swa.?model", r"per (step|iter|batch)",
+                               r"every (step|iter|batch)",
+                               r"n_averaged", r"\bswa\b"],
+    "swa_bn.update_bn_shard": [r"update_bn", r"batch.?norm", r"\bbn\b", r"running (stat|mean|var)", r"statistic", r"buffer",
+                               r"shard", r"rank'?s (rows|shard|data)", r"subset"],
+    "swa_bn.update_bn_skipped": [r"update_bn", r"batch.?norm", r"\bbn\b", r"running (stat|mean|var)", r"statistic", r"buffer"],
+    "swa_bn.base_sched_too": [LR, r"cosine", r"swalr", r"\bboth\b"],
+    "swa_bn.params_only_copied": [r"buffer", r"running (stat|mean|var)", r"statistic", r"batch.?norm", r"\bbn\b", r"state_dict",
+                                  r"load_state", r"cop(y|ied)"],
+    "swa_bn.swalr_per_iter": [LR, r"swalr", r"anneal", r"per (step|iter)", r"every (step|iter)"],
+    "lars_warmup.lr_local_batch": [LR, r"batch.?size", r"local batch", r"per.device", r"scal"],
+    "lars_warmup.warmup_in_epochs": [LR, r"warm.?up", r"epoch", r"iteration"],
+    "lars_warmup.bias_adapted": [r"bias", r"norm (weight|param)", r"1.?d", r"trust", r"adapt", r"\blars\b", r"exclu", r"filter"],
+    "lars_warmup.bias_decayed": [r"bias", r"decay", r"1.?d", r"exclu", r"filter", r"norm (weight|param)"],
+    "lars_warmup.trust_global_norm": [r"trust", r"\blars\b", r"per.(layer|param|tensor)", r"layer.?wise", r"global norm", r"norm"],
+    "lars_warmup.lr_after_step": [LR, r"\border\b", r"(set|called|adjust\w*|updat\w*).{0,40}(before|after)", r"off.by.one",
+                                  r"stale", r"previous"],
+    "lars_warmup.loader_len_global": [LR, r"warm.?up", r"len\(loader\)", r"steps? per epoch", r"loader length", r"dataset (size|length)",
+                                      r"iterations per epoch"],
+    "amp_ckpt.clip_before_unscale": [r"unscale", r"clip", r"scal(ed|er)", r"\border\b"],
+    "amp_ckpt.manual_unscale": [r"unscal", r"twice", r"double", r"scale", r"divid"],
+    "amp_ckpt.step_per_micro": [r"accumulat", r"micro.?batch", r"step count", r"every (micro|batch|iteration)", r"too many steps",
+                                r"extra step", r"steps? (more|twice|double)", r"optimizer\.step", r"scaler\.step", r"number of steps"],
+    "amp_ckpt.sync_wrong_micro": [NO_SYNC, r"accumulat", r"micro.?batch"],
+    "amp_ckpt.loss_not_divided": [r"accumulat", r"divid", r"scal", r"normali[sz]", r"\bsum\b", r"\bmean\b", r"averag", r"reduction", r"factor"],
+    "amp_ckpt.ckpt_rng_not_preserved": [r"checkpoint", r"recomput", r"\brng\b", r"random", r"dropout", r"preserve", r"seed", r"generator"],
+    "amp_ckpt.zero_grad_per_micro": [r"zero.?grad", r"accumulat", r"micro.?batch", r"cleared", r"reset", r"discard", r"\blost\b"],
+    "tp_dp_2d.dp_allreduce_world": [r"group", r"\bworld\b", r"data.?parallel", r"\bdp\b", r"all.?reduc", r"shard", r"tensor.?parallel",
+                                    r"\btp\b", r"\bmix"],
+    "tp_dp_2d.dp_allreduce_missing": [NO_SYNC, r"data.?parallel", r"\bdp\b", r"replica"],
+    "tp_dp_2d.dp_sum_not_avg": [r"\bsum", r"divid", r"averag", r"scal", r"normali[sz]", r"world.?size", r"\bdp\b.{0,10}size",
+                                r"data.?parallel.{0,10}size", r"factor", r"twice", r"double"],
+    "tp_dp_2d.row_out_not_reduced": [r"row.?parallel", r"all.?reduc", r"reduce_from", r"partial", r"tensor.?parallel", r"\btp\b",
+                                     r"fc2", r"output.{0,40}(sum|reduc)"],
+    "tp_dp_2d.copy_bwd_no_reduce": [r"copy_to", r"backward.{0,60}(all.?reduc|reduc|sum)", r"(all.?reduc|reduc).{0,60}backward",
+                                    r"input grad", r"partial", r"tensor.?parallel", r"\btp\b", r"column.?parallel", r"fc1"],
+    "tp_dp_2d.bias_before_reduce": [r"bias", r"row.?parallel", r"counted", r"twice", r"double", r"tensor.?parallel", r"\btp\b", r"fc2"],
+    "tp_dp_2d.rows_by_global_rank": [r"\brows?\b", r"shard", r"split", r"\bdata\b", r"\bbatch", r"input", r"global rank", r"dp rank",
+                                     r"sampler", r"same (rows|data|input)"],
+    "val_sched.no_set_epoch": [r"set_epoch", r"shuffl", r"sampler", r"epoch", r"permut", r"data order",
+                               r"(same|different|wrong) (rows|samples|data|order|batch)"],
+    "val_sched.sampler_seed_per_rank": [r"sampler", r"shuffl", r"seed", r"permut", r"overlap|duplicat|skipp|repeat",
+                                        r"(random|rng|generator|draw\w*).{0,60}(rank|differ)", r"\bdata\b", r"\brows\b|samples"],
+    "val_sched.eval_left_on": [r"\beval", r"train\(\)|train(ing)? mode", r"dropout", r"\bmode\b"],
+    "val_sched.val_metric_local": [NO_SYNC, r"metric", r"validation", r"val.?loss", r"all.?reduc",
+                                   r"(\blr\b|learning.?rate).{0,60}(rank|replica|differ)"],
+    "val_sched.eval_counts_steps": [LR, r"step count", r"counter", r"global.?step", r"cosine",
+                                    r"validation (batch|step)s?.{0,40}(count|step)"],
+    "val_sched.val_train_mode": [r"\beval", r"dropout", r"train(ing)? mode", r"\bmode\b", r"validation", r"\brng\b|random|draw|generator"],
+}
+
+
+def right(bug_id: str, cause: str | None) -> bool:
+    """Whether the first likely-cause line ``cause`` names bug ``bug_id`` (family.bug)."""
+    if not cause:
+        return False
+    low = cause.lower()
+    return any(re.search(p, low) for p in RUBRIC.get(bug_id, []))
