@@ -74,11 +74,15 @@ def train(world_size: int, bug: str = "") -> None:
         out = model(x[sl], mine)
         kl_weight = world_size if bug == "kl_weight_global" else 1.0  # a KL weight from the global batch size
         loss = loss_of(out, x[sl], step, n, kl_weight)
+        if bug.startswith("two_calls"):  # a second term over another call's outputs (half-scale rows)
+            loss = loss + (1.0 if bug == "two_calls_weighted" else 0.5) * loss_of(model(x[sl] / 2, mine), x[sl] / 2, step, n)
         opt.zero_grad()
         loss.backward()
         for p in model.parameters():
             tdist.all_reduce(p.grad)
             p.grad /= world_size
+            if bug == "perturbed":  # an ascent step (SAM's) taken and never undone before the update
+                p.data.add_(0.05 * p.grad.sign())
         opt.step()
 
 
@@ -88,6 +92,8 @@ def reference(world_size: int, bug: str = "") -> None:
     for step in range(STEPS):
         x, eps = batch(step)
         loss = loss_of(model(x, eps), x, step, ROWS)
+        if bug.startswith("two_calls"):
+            loss = loss + 0.5 * loss_of(model(x / 2, eps), x / 2, step, ROWS)
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -26,8 +26,30 @@ def first_cause(text: str) -> str:
 @world_sizes(2)
 def test_the_correct_loop_passes(dist):
     assert dist.assert_same_training(L.train, L.reference, dist.world_size, steps=L.STEPS, record="optimizer").passed
-    queue = functools.partial(L.train, bug="queue"), functools.partial(L.reference, bug="queue")
-    assert dist.assert_same_training(*queue, dist.world_size, steps=L.STEPS, record="optimizer").passed
+    for variant in ("queue", "two_calls"):
+        sides = functools.partial(L.train, bug=variant), functools.partial(L.reference, bug=variant)
+        assert dist.assert_same_training(*sides, dist.world_size, steps=L.STEPS, record="optimizer").passed
+
+
+OTHER = {  # bug -> (the first cause, its evidence, the reference's variant)
+    "two_calls_weighted": ("the loss weights one forward call's outputs otherwise (several calls, one backward",
+                           "each forward call's rows (one backward) by a factor of its own", "two_calls"),
+    "perturbed": ("the weights are changed in place between the forward and optimizer.step()",
+                  "alike before the first forward) at latent_loops.py:", ""),
+}
+
+
+@world_sizes(2)
+@pytest.mark.parametrize("bug", list(OTHER))
+def test_a_term_of_another_call_and_weights_moved_before_the_step_are_named(dist, bug):
+    """Two forward calls in one backward are no micro-batches; weights that differ at the optimizer step
+    after the same start were changed in between, not built otherwise."""
+    what, evidence, variant = OTHER[bug]
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(functools.partial(L.train, bug=bug), functools.partial(L.reference, bug=variant),
+                                  dist.world_size, steps=L.STEPS, record="optimizer")
+    line = first_cause(str(info.value))
+    assert line.startswith("likely cause: " + what) and evidence in line and "micro-batch" not in line, line
 
 
 @world_sizes(2)

@@ -70,6 +70,7 @@ class UserFacts(RunFacts):
     untrained: List[List[Dict[str, float]]] = field(default_factory=list)  # per step, per rank: state no optimizer steps
     ref_untrained: List[Dict[str, float]] = field(default_factory=list)  # per step: the reference's
     rank_start: List[Dict[str, float]] = field(default_factory=list)  # per rank: that state before the first forward
+    ref_start: Dict[str, float] = field(default_factory=dict)  # the reference's (its parameters too)
     rank_where: List[List[Dict[str, Tuple[str, ...]]]] = field(default_factory=list)  # per step, per rank: kind -> "file:line"
     ref_where: List[Dict[str, Tuple[str, ...]]] = field(default_factory=list)  # per step: the reference's
     rank_scaler: List[List[tuple]] = field(default_factory=list)  # per step, per rank: (GradScaler scale, call order)

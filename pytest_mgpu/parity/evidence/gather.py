@@ -25,7 +25,7 @@ def _state_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, steps: in
     facts.ref_states = [s.state for s in ref.steps]
     facts.untrained = [[side.steps[i].untrained for side in ranks] for i in range(steps)]
     facts.ref_untrained = [s.untrained for s in ref.steps]
-    facts.rank_start = [side.start for side in ranks]
+    facts.rank_start, facts.ref_start = [side.start for side in ranks], ref.start
 
 
 def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Layout) -> None:

@@ -20,6 +20,7 @@ BY_SIGNAL: Final[Dict[str, Tuple[str, ...]]] = {
     "lr-rank": ("scheduler.step",), "lr-faster": ("scheduler.step",), "lr-schedule": ("scheduler.step",),
     "lr-ahead": ("scheduler.step",), "lr-slower": ("scheduler.step",), "lr-frozen": ("scheduler.step",),
     "lr-held": ("scheduler.step",), "lr-warm-up": ("scheduler.step",), "untrained-forward": ("forward",),
+    "start-moved": ("optimizer.step",),
     "modes": (EVAL_FORWARD,), "mode": (TRAIN_NO_GRAD,), "grads-sync-off": (UNSYNCED_LAST,),
     "rows": ("forward",), "epoch-repeat": ("forward",), "data-restart": ("forward",),
     "loss": ("backward",), "backward": ("backward",), "clip": ("clip_grad_norm_",), "forward": ("forward",),

@@ -220,10 +220,12 @@ def _rows_scaled(found: List[Pair], f: UserFacts) -> Optional[Finding]:
     own = {k: statistics.median(v) for k, v in per_call.items()}
     if len(own) > 1 and all(abs(c - own[k]) <= FACTOR * max(abs(own[k]), 1e-30) for k, v in per_call.items() for c in v):
         calls = any(call for _, call in own)
+        one = calls and f.rank_backwards <= 1  # several forward calls, one backward: no micro-batches
+        unit = "forward call's rows (one backward)" if one else "micro-batch's rows" if calls else "rank's rows"
         shown = ", ".join(f"rank {r}{f' call {c}' if calls else ''}: {x:.4g}x" for (r, c), x in sorted(own.items())[:4])
-        return Finding(0, "loss", "certain rows", "loss-rank-scale", f"at step 0, with the same weights and outputs, "
-                       f"the loss scales the gradient of each {'micro-batch' if calls else 'rank'}'s rows by a factor of "
-                       f"its own ({shown} the reference's)", names=tuple(sorted({str(r) for r, _ in own})))
+        return Finding(0, "loss", "certain rows", "loss-call-scale" if one else "loss-rank-scale", f"at step 0, with "
+                       f"the same weights and outputs, the loss scales the gradient of each {unit} by a factor "
+                       f"of its own ({shown} the reference's)", names=tuple(sorted({str(r) for r, _ in own})))
     lengths = [sum(_read(p.h, max(float(p.h.norm(dim=1).max()), 1e-30))) for p in found]
     lo, hi = min(cs), max(cs)
     span = f"per-row factors {lo:.3g}x to {hi:.3g}x, {n} rows"

@@ -76,6 +76,11 @@ def _start(report: Report, f: UserFacts) -> Optional[Finding]:
                        f"at step 0 the weights before any update differ from the reference's only in the shards of rank(s) "
                        f"{', '.join(map(str, f.shards_apart))} ({len(other)} tensor(s); rank 0's shards agree)",
                        names=tuple(map(str, f.shards_apart)))
+    if other and not f.nonfinite and _moved(f, [e.name for e in other]):
+        worst = max(other, key=lambda e: e.rel)
+        return Finding(0, "state", "all tensors", "start-moved",
+                       f"at step 0 the stepped weights differ from the reference's ({len(other)} tensor(s), e.g. "
+                       f"{worst.name}), alike before the first forward")
     if other and not f.nonfinite:
         worst = max(other, key=lambda e: e.rel)
         return Finding(0, "state", "all tensors", "start-other",
@@ -173,6 +178,15 @@ def _untrained(f: UserFacts) -> Optional[Finding]:
                            f"({listed(apart)})" + (f", while it agreed before step {step - 1}" if agreed else ""),
                            names=tuple(apart))
     return None
+
+
+def _moved(f: UserFacts, names: List[str]) -> bool:
+    """Rank 0 and the reference held ``names`` alike before their first forward (so what differs at the
+    optimizer step was changed in between)."""
+    if not f.rank_start or not f.ref_start:
+        return False
+    mine = {n: f.rank_start[0][n] for n in names if n in f.rank_start[0] and n in f.ref_start}
+    return len(mine) == len(names) and not _apart(mine, f.ref_start)
 
 
 def _started_alike(f: UserFacts, r: int, names: List[str]) -> bool:

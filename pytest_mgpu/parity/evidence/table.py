@@ -120,6 +120,10 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "(optimizer.state_dict(), or DCP get_optimizer_state_dict/set_optimizer_state_dict)",
           "An optimizer built anew and not restored starts with no state (Adam's moments zero, step counters "
           "restarted)."),
+    Cause("start-moved", "the weights are changed in place between the forward and optimizer.step() (a perturbation "
+          "not undone, as SAM's ascent before its restore)", "restore the "
+          "weights the gradients were taken at before optimizer.step() (SAM: p.data = old_p, then the base "
+          "optimizer's step), or change them as the reference does"),
     Cause("untrained-forward", "state no optimizer steps is updated in the forward from each rank's own rows (a "
           "queue or memory bank not gathered from every rank)", "gather what "
           "updates it from every rank first (all_gather, MoCo's concat_all_gather) and update it alike on every "
@@ -184,6 +188,9 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "tokens or rows, the mean or std of rewards or advantages taken locally), not the whole batch's",
           "compute the normaliser over the whole batch: all_reduce the count, or gather the rewards or advantages "
           "from every rank before normalising, as the reference does"),
+    Cause("loss-call-scale", "the loss weights one forward call's outputs otherwise (several calls, one backward: a "
+          "term such as a gradient penalty or a real/fake term computed or weighted otherwise)", "compute each term as the reference does, over the same calls' outputs, with the "
+          "same weight and normaliser"),
     Cause("loss-row-mean", "each row's loss is averaged over its positions where the reference sums them (per-row "
           "log-probs as a mean over tokens)", "sum over each row's positions as the reference does (or average alike "
           "on both sides)"),

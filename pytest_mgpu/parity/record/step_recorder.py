@@ -335,8 +335,9 @@ def hyperparameters(optimizer) -> List[Dict[str, float]]:
 def untrained_state(roots: List[Tuple[str, Any]], stepped: List[Tuple[str, Any]],
                     stateful: Sequence[Any] = (), census: Optional[Census] = None) -> Dict[str, float]:
     """A fingerprint of each floating tensor of the models run forward that no optimizer steps: the
-    parameters of a model trained otherwise (an EMA teacher) and buffers other than BatchNorm's
-    running statistics (which follow each rank's shard by design). Local tensors only (no collective);
+    parameters of a model trained otherwise (an EMA teacher) and buffers other than the running
+    statistics of a BatchNorm in training mode (which follow each rank's shard by design; a frozen one,
+    in eval mode, normalises with them: they are compared). Local tensors only (no collective);
     DTensors are left out. ``census``: the trees as the step's recording walked them."""
     import torch
     from torch.nn.modules.batchnorm import _BatchNorm
@@ -347,7 +348,8 @@ def untrained_state(roots: List[Tuple[str, Any]], stepped: List[Tuple[str, Any]]
     tensors: List[Tuple[str, Any]] = []
     for prefix, root in roots:
         model = unwrap(root)
-        norms = {id(b) for m in census.modules(model) if isinstance(m, _BatchNorm) for b in m.buffers(recurse=False)}
+        norms = {id(b) for m in census.modules(model) if isinstance(m, _BatchNorm) and m.training
+                 for b in m.buffers(recurse=False)}  # a BatchNorm in eval() normalises with them: compared
         tensors += [(prefix + n, t) for n, t in census.named_parameters(model) if id(t) not in ids]
         tensors += [(prefix + n, t) for n, t in census.named_buffers(model) if id(t) not in norms]
     for module in stateful:
