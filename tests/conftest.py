@@ -139,74 +139,35 @@ class Ended:
     wall: float = 0.0
 
 
-class Together:
-    """Pytest subprocess sessions started at once (``start_together``), each waited for by a thread of
-    its own from its start, so that what it left is read the moment it ends."""
-
-    def __init__(self, runs: list, timeout: float):
-        self.runs = runs
-        t0 = time.monotonic()
-        self.procs = [run[0].popen(*run[1], **(run[2] if len(run) > 2 else {})) for run in runs]
-        self.ended: list = [None] * len(runs)
-        self.threads = [threading.Thread(target=self._wait, args=(i, t0, timeout), daemon=True)
-                        for i in range(len(runs))]
-        for t in self.threads:
-            t.start()
-
-    def _wait(self, i: int, t0: float, timeout: float) -> None:
-        try:
-            out, _ = self.procs[i].communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.procs[i].pid, signal.SIGKILL)
-            out, _ = self.procs[i].communicate()
-            self.ended[i] = AssertionError(f"pytest subprocess {' '.join(self.runs[i][1])} did not end within "
-                                           f"{timeout}s:\n{out}")
-            return
-        self.ended[i] = Ended(self.procs[i].returncode, out, command_lines(processes_with_token(self.runs[i][0].token)),
-                              time.monotonic() - t0)
-
-    def done(self, within: float = 0.0) -> bool:
-        """Whether every session ended (waiting up to ``within`` seconds for the first still running)."""
-        for t in self.threads:
-            t.join(timeout=within)
-            if t.is_alive():
-                return False
-        return True
-
-    def wait(self, timeout: float) -> list[Ended]:
-        """How each ended, in order; a session not ended within ``timeout`` fails the caller, naming it."""
-        deadline = time.monotonic() + timeout
-        for t in self.threads:
-            t.join(timeout=max(0.0, deadline - time.monotonic()))
-        for i, e in enumerate(self.ended):
-            if self.threads[i].is_alive():
-                self.kill()
-                raise AssertionError(f"pytest subprocess {' '.join(self.runs[i][1])} did not end within {timeout}s")
-            if not isinstance(e, Ended):
-                raise e if isinstance(e, BaseException) else AssertionError("a pytest subprocess was not waited for")
-        return self.ended
-
-    def kill(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except OSError:
-                    pass
-
-
-def start_together(runs: list, timeout: float = 400) -> Together:
-    """Several pytest subprocess sessions started at once, each ``(Subpytest, args)`` or ``(Subpytest,
-    args, env)``; a session past ``timeout`` is killed."""
-    return Together(runs, timeout)
-
-
 def run_together(runs: list, timeout: float = 300) -> list[Ended]:
     """Several pytest subprocess sessions at once, each ``(Subpytest, args)`` or ``(Subpytest, args,
     env)``: their start-ups and waits (limits that must pass, ranks blocked on purpose) overlap instead
     of adding up. Returns how each ended, in order; a session past ``timeout`` is killed and fails the
     caller, naming it."""
-    return start_together(runs, timeout).wait(timeout)
+    t0 = time.monotonic()
+    procs = [run[0].popen(*run[1], **(run[2] if len(run) > 2 else {})) for run in runs]
+    ended: list = [None] * len(runs)
+
+    def wait(i: int) -> None:
+        try:
+            out, _ = procs[i].communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(procs[i].pid, signal.SIGKILL)
+            out, _ = procs[i].communicate()
+            ended[i] = AssertionError(f"pytest subprocess {' '.join(runs[i][1])} did not end within {timeout}s:\n{out}")
+            return
+        ended[i] = Ended(procs[i].returncode, out, command_lines(processes_with_token(runs[i][0].token)),
+                         time.monotonic() - t0)
+
+    threads = [threading.Thread(target=wait, args=(i,), daemon=True) for i in range(len(runs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for e in ended:
+        if not isinstance(e, Ended):
+            raise e if isinstance(e, BaseException) else AssertionError("a pytest subprocess was not waited for")
+    return ended
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -270,37 +231,3 @@ def xdist_together(tmp_path_factory):
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-
-
-EARLY = pytest.StashKey()
-
-
-@pytest.fixture(scope="session")
-def early(request, tmp_path_factory):
-    """The sessions registered in tests/early.py of the modules selected, started in the background
-    from this session's start, the one needed last first (see there)."""
-    from tests import early as registry
-
-    got = request.config.stash.get(EARLY, None)
-    if got is None:  # collected without the hook below (a plugin reordering): nothing started early
-        got = request.config.stash[EARLY] = registry.Early(tmp_path_factory, [], start_early=False)
-    return got
-
-
-def pytest_collection_finish(session):
-    """Start the early sessions once the tests are known (none under pytest-xdist's workers)."""
-    from tests import early as registry
-
-    order = list(dict.fromkeys(item.module.__name__.rsplit(".", 1)[-1] for item in session.items
-                               if getattr(item, "module", None) is not None))
-    factory = session.config._tmp_path_factory  # pytest's own tmp_path_factory, as its fixture returns it
-    start = "PYTEST_XDIST_WORKER" not in os.environ and not session.config.option.collectonly
-    session.config.stash[EARLY] = registry.Early(factory, order[::-1], start_early=start)
-
-
-def pytest_sessionfinish(session):
-    """Nothing started early outlives the session (a group never waited for: its tests deselected by a
-    failure with -x, or an interrupted run)."""
-    got = session.config.stash.get(EARLY, None)
-    if got is not None:
-        got.close()

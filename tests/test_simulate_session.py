@@ -2,8 +2,7 @@
 dist.run does), a hang ended with nothing left running, the seed option, the session's table."""
 import pytest
 
-from tests.conftest import Subpytest, wait_for_no_processes
-from tests.early import register
+from tests.conftest import Subpytest, run_together, wait_for_no_processes
 
 pytestmark = pytest.mark.simulate
 
@@ -93,24 +92,18 @@ class _Dir:
         self.path = path
 
 
-@register("test_simulate_session")
-def _runs(tmp_path_factory) -> list:
+@pytest.fixture(scope="module")
+def hangs(tmp_path_factory):
     """Two sessions at once (their hangs wait side by side): the limits of pytest-mgpu, where a marker
     (2 s) and a call's argument (2 s, under a marker of 300 s) each beat the option (3 s) that the
-    third test gets; and pytest-timeout's limit (6 s) with none of ours."""
+    third test gets; and pytest-timeout's limit (6 s) with none of ours. Each session's output, and
+    the processes its token finds once it ended."""
     runs = []
     for name, tests, args in [("limits", HANGS, ("--mgpu-timeout=3",)), ("outer", OUTER, ("--timeout=6",))]:
         sp = Subpytest(_Dir(tmp_path_factory.mktemp(name)))
         (sp.pytester.path / f"test_{name}.py").write_text(FNS + tests)
         runs.append((sp, ("-p", "no:randomly", "-rA", *args)))
-    return runs
-
-
-@pytest.fixture(scope="module")
-def hangs(early):
-    """Each session of ``_runs`` (started early, tests/early.py, or now): its output, and the processes
-    its token finds once it ended."""
-    runs, done = early.wait("test_simulate_session", timeout=300)
+    done = run_together(runs, timeout=300)
     return {name: (e.rc, e.out, wait_for_no_processes(sp.token))
             for name, (sp, _), e in zip(["limits", "outer"], runs, done)}
 

@@ -10,8 +10,7 @@ import signal
 
 import pytest
 
-from tests.conftest import Subpytest
-from tests.early import register
+from tests.conftest import Subpytest, run_together
 
 BAD = ["'x'", "'5'", "float('nan')", "float('inf')", "0", "-1"]
 
@@ -109,8 +108,8 @@ class _Dir:
 METHODS = ["thread", "signal"]
 
 
-@register("test_timeouts")
-def _runs(tmp_path_factory) -> list:
+@pytest.fixture(scope="module")
+def hangs(tmp_path_factory):
     """One session per --timeout-method, both at once (their hangs wait side by side). The 4-rank pool
     is cold when test_cold_pool starts, and pytest-timeout's limit (8 s) is short."""
     runs = []
@@ -120,16 +119,8 @@ def _runs(tmp_path_factory) -> list:
         (sp.pytester.path / "hang_fns.py").write_text(HANG_FNS)
         runs.append((sp, ("--mgpu-fallback=cpu", "-p", "no:randomly", "-rA", "--timeout=8",
                           f"--timeout-method={method}")))
-    return runs
-
-
-@pytest.fixture(scope="module")
-def hangs(early):
-    """The sessions of ``_runs``, started early (tests/early.py) or now: method -> Ended."""
-    runs = []
     try:
-        runs, ended = early.wait("test_timeouts", timeout=300)
-        return dict(zip(METHODS, ended))
+        return dict(zip(METHODS, run_together(runs, timeout=300)))
     finally:
         for sp, _ in runs:
             for p in sp.leftovers(timeout=10):

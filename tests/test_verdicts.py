@@ -15,8 +15,7 @@ import signal
 
 import pytest
 
-from tests.conftest import Subpytest
-from tests.early import register
+from tests.conftest import Subpytest, run_together
 
 FNS = """
 import time, torch, torch.distributed as tdist
@@ -152,22 +151,15 @@ WARM = ("computing or starting or single_process or other_collective or after",
 NEXT_SESSION = "\n___ (the next session) ___\n"  # ends the last section of a session (see section())
 
 
-@register("test_verdicts")
-def _runs(tmp_path_factory) -> list:
+@pytest.fixture(scope="module")
+def sessions(tmp_path_factory):
     """Both modes at once, the warm one in two sessions (the fresh session's few cases run while the warm
     ones wait out their limits); fresh ranks that return exit at once: their records come back with
     their results."""
-    return [*(_prepare(tmp_path_factory, "-k", selected) for selected in WARM),
+    runs = [*(_prepare(tmp_path_factory, "-k", selected) for selected in WARM),
             _prepare(tmp_path_factory, "--mgpu-isolate", "-k", "desync or after")]
-
-
-@pytest.fixture(scope="module")
-def sessions(early):
-    """The sessions of ``_runs``, started early (tests/early.py) or now."""
-    runs = []
     try:
-        runs, ended = early.wait("test_verdicts", timeout=400)
-        return ended
+        return run_together(runs, timeout=400)
     finally:
         for sp, _ in runs:
             for p in sp.leftovers(timeout=10):
