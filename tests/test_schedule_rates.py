@@ -43,7 +43,7 @@ def test_an_lr_set_once_per_epoch_where_the_reference_sets_it_every_iteration_is
     ref = [0.0, 0.1, 0.2, 0.3, 0.25, 0.1]  # a warm-up over 3 iterations, then a decay, every iteration
     found = _lr_cause([0.0, 0.0, 0.0, 0.3, 0.3, 0.3], ref)  # the same schedule at the integer epoch
     assert (found.signal, found.value) == ("lr-held", 3), found
-    assert "changes only every 3 steps" in found.evidence
+    assert "changes every 3 steps (steps 0-2: 0)" in found.evidence
     assert _lr_cause([0.0, 0.0, 0.0, 0.3, 0.25, 0.1], ref).signal == "lr-schedule"  # held once, then moving
 
 
@@ -51,7 +51,7 @@ def test_a_warm_up_counted_in_the_rank_s_batches_rises_at_a_fraction_of_the_rate
     ref = [0.0, 0.1, 0.2, 0.3, 0.25, 0.1]
     found = _lr_cause([0.0, 0.05, 0.1, 0.3, 0.28, 0.25], ref)  # half the slope, then its own decay
     assert (found.signal, found.value) == ("lr-warm-up", 0.5), found
-    assert "during the reference's warm-up (steps 0-2) the ranks' lr is 0.5x" in found.evidence
+    assert "in the reference's warm-up (steps 0-2) the ranks' lr is 0.5x its own" in found.evidence
     assert _lr_cause([0.0, 0.05, 0.1, 0.15, 0.125, 0.05], ref).signal == "lr-factor"  # 0.5x at every step
 
 

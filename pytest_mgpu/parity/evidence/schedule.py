@@ -97,14 +97,12 @@ def _schedule(f: UserFacts, first: int) -> Finding:
                        "step while the reference's schedule moves", per_step)
     held = _held(mine, ref)
     if held:
-        return Finding(first, "state", "a value", "lr-held", what + f"; the ranks' lr changes only every {held} steps "
-                       f"(held at {mine[0]:.6g} over steps 0-{held - 1}) where the reference's changes at every step",
-                       per_step, value=held)
+        return Finding(first, "state", "a value", "lr-held", what + f"; the ranks' lr changes every {held} steps "
+                       f"(steps 0-{held - 1}: {mine[0]:.4g})", per_step, value=held)
     k, end = _warm_up_ratio(mine, ref)
     if k:
-        return Finding(first, "state", "a value", "lr-warm-up", what + f"; during the reference's warm-up (steps 0-{end}) "
-                       f"the ranks' lr is {k:.4g}x the reference's: their warm-up rises {k:.4g}x as fast (it lasts "
-                       f"{1 / k:.4g}x the steps)", per_step, value=k)
+        return Finding(first, "state", "a value", "lr-warm-up", what + f"; in the reference's warm-up (steps 0-{end}) "
+                       f"the ranks' lr is {k:.4g}x its own", per_step, value=k)
     return Finding(first, "state", "a value", "lr-schedule", what, per_step)
 
 
