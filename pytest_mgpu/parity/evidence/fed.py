@@ -11,7 +11,7 @@ read against the same argument of every row the reference fed, not only the matc
   positions or labels)."""
 from __future__ import annotations
 
-from typing import Any, Iterator, List, Literal, Tuple
+from typing import Any, Dict, Iterator, List, Literal, Tuple
 
 from ..record.trail import FED
 from .facts import UserFacts
@@ -36,12 +36,11 @@ def _mask_like(rows: List[Tuple[float, List[float]]]) -> bool:
 def fed_kind(f: UserFacts, apart: Apart) -> FedKind:
     """Which of the three the differing argument of ``apart`` is (``built`` where it cannot be told)."""
     name = apart.mark.name
-    ref_rows = [row for _, m in _marks(f.ref_probes, name) for row in m.rows]
-    ref_of = {}
+    ref_rows: List[Tuple[float, List[float]]] = []
+    ref_of: Dict[str, Tuple[float, List[float]]] = {}  # reference row (by fingerprint) -> its value of the argument
     for q, m in _marks(f.ref_probes, name):
-        for j, r in enumerate(q.rows):
-            if j < len(m.rows):
-                ref_of[f"{r:.12g}"] = m.rows[j]
+        ref_rows += m.rows
+        ref_of.update((f"{r:.12g}", row) for r, row in zip(q.rows, m.rows))
     differing = other = 0
     drawn = True  # floating values, no mask: what a random draw gives
     for p, m in (pm for probes in f.rank_probes for pm in _marks(probes, name)):

@@ -110,14 +110,14 @@ def _held(mine: List[Optional[float]], ref: List[Optional[float]]) -> int:
     """k >= 2 where the ranks' lr holds one value over each block of k steps (two blocks or more, the
     last may be short) and the reference's changes at every step inside the first block: an lr set
     once per epoch (from the integer epoch) where the reference sets it every iteration; 0 else."""
-    if any(a is None for a in mine) or any(r is None for r in ref):
+    a, r = [x for x in mine if x is not None], [x for x in ref if x is not None]
+    if len(a) < len(mine) or len(r) < len(ref):
         return 0
-    k = next((i for i in range(1, len(mine)) if differs(mine[i], mine[i - 1], SAME_LR)), 0)  # type: ignore[arg-type]
-    if k < 2 or 2 * k > len(mine):
+    k = next((i for i in range(1, len(a)) if differs(a[i], a[i - 1], SAME_LR)), 0)
+    if k < 2 or 2 * k > len(a):
         return 0
-    blocks = [mine[i:i + k] for i in range(0, len(mine), k)]
-    flat = all(not differs(a, b[0], SAME_LR) for b in blocks for a in b)  # type: ignore[arg-type]
-    moves = all(differs(ref[i], ref[i - 1], SAME_LR) for i in range(1, k))  # type: ignore[arg-type]
+    flat = all(not differs(x, a[i - i % k], SAME_LR) for i, x in enumerate(a))  # one value per block of k
+    moves = all(differs(r[i], r[i - 1], SAME_LR) for i in range(1, k))
     return k if flat and moves else 0
 
 
@@ -126,7 +126,7 @@ def _warm_up_ratio(mine: List[Optional[float]], ref: List[Optional[float]]) -> T
     not 1) at each of its first steps with an lr above 0, two or more, to step ``end``: a warm-up counted
     in other units on the ranks (iterations from the rank's loader or batch, epochs); (0, 0) else."""
     rise = 0
-    while rise + 1 < len(ref) and ref[rise] is not None and ref[rise + 1] is not None and ref[rise + 1] > ref[rise]:  # type: ignore[operator]
+    while rise + 1 < len(ref) and (ref[rise] or 0.0) < (ref[rise + 1] or 0.0) and ref[rise] is not None:
         rise += 1
     pairs = [(s, a / r) for s, (a, r) in enumerate(zip(mine[:rise + 1], ref[:rise + 1])) if a is not None and r]
     if len(pairs) < 2 or rise + 1 >= len(ref):

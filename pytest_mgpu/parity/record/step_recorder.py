@@ -65,7 +65,7 @@ class StepRecorder:
         self.side = SideLog()
         self._depth = 0
         self._names: Dict[int, Tuple[tuple, Dict[int, str]]] = {}  # id(optimizer) -> (param ids, names)
-        self._lr_zero = False  # the step under way has every lr 0 and no gradient: it cannot train
+        self._idle = False  # the step under way has every lr 0 and no gradient: it cannot train
         self._before: Optional[Dict[str, Any]] = None  # local params where every gradient was zero
         self._seen: Optional[Inputs] = None  # what the step under way saw
         self._aside: List[StepLog] = []  # steps that changed nothing: not counted
@@ -117,7 +117,7 @@ class StepRecorder:
         lrs = [float(g["lr"]) for g in optimizer.param_groups if "lr" in g]
         models = self._owners(named)
         params, grads = read_full(named, models, census)
-        self._lr_zero = bool(lrs) and not any(lrs) and all(g is None or not bool(g.any()) for g in grads.values())
+        self._idle = bool(lrs) and not any(lrs) and all(g is None or not bool(g.any()) for g in grads.values())
         if any(g is not None for g in grads.values()) and all(g is None or not bool(g.any()) for g in grads.values()):
             self._before = {n: _local(p).detach().clone() for n, p in named}
         if not self.side.steps:
@@ -166,19 +166,21 @@ class StepRecorder:
         import torch
 
         before, self._before = self._before, None
-        if self._lr_zero:
+        if self._idle:
             return True
         return before is not None and all(torch.equal(_local(p), before[n]) for n, p in self._named(optimizer))
 
-    def _start_state(self) -> None:
-        """Before the first forward of each model (first step only): the state no optimizer steps it
+    def _start_state(self, module: Any) -> None:
+        """Before the first forward of ``module``, a model first run (first step only): the state it
         starts from (fingerprints of its buffers and parameters), read against step 0's to tell state
-        loaded otherwise from state a forward updates (a queue, a memory bank)."""
+        loaded otherwise from state a forward updates (a queue, a memory bank). A model's first value is
+        kept; one named otherwise once a second model runs is left out (and the readings say nothing)."""
         if self.side.steps:
             return
         with quiet():
-            roots = prefixed(self.watch.model_roots(), merge=False)
-            self.side.start.update(untrained_state(roots, [], list(self.watch.stateful.values())))
+            roots = [(p, r) for p, r in prefixed(self.watch.model_roots(), merge=False) if r is module]
+            for name, value in untrained_state(roots, []).items():
+                self.side.start.setdefault(name, value)
 
     # -- names ----------------------------------------------------------------------------------
     def _owners(self, named: List[Tuple[str, Any]]) -> List[Tuple[str, Any]]:

@@ -103,7 +103,7 @@ class Watch:
         self.light = light
         self.roots: Dict[int, Any] = {}  # id -> outermost module with parameters, first-call order
         self.stateful: Dict[int, Any] = {}  # id -> module called at the top with buffers and no parameters
-        self.on_new_root: Optional[Callable[[], None]] = None  # called before a model's first forward
+        self.on_new_root: Optional[Callable[[Any], None]] = None  # called with a model before its first forward
         self.loss = None  # the scalar last passed to torch.autograd.backward (detached)
         self.autocast = ""  # the autocast dtype an outermost forward ran under ("" if none)
         self.set_epoch_calls = 0  # DistributedSampler.set_epoch calls (the rows show a repeated order)
@@ -152,7 +152,7 @@ class Watch:
         new = id(module) not in self.roots
         self.roots.setdefault(id(module), module)
         if new and self.on_new_root is not None:
-            self.on_new_root()  # before this model's first forward: the state it starts from
+            self.on_new_root(module)  # before this model's first forward: the state it starts from
         for dev in ("cpu", "cuda"):
             if not self.autocast and torch.is_autocast_enabled(dev):
                 self.autocast = str(torch.get_autocast_dtype(dev)).replace("torch.", "")
