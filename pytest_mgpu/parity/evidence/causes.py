@@ -8,7 +8,7 @@ import math
 from typing import Final, List, Optional
 
 from . import conduct, gradients, inputs, loss, outputs, state, update
-from .conditions import scaled, scaler_order
+from .conditions import micro_steps, passes_words, scaled, scaler_order
 from .facts import UserFacts
 from .finding import Finding, Report
 from .located import located
@@ -43,7 +43,10 @@ def said(x: Finding, f: UserFacts) -> str:
     evidence = x.evidence if not at or len(x.evidence) <= EVIDENCE else x.evidence[:EVIDENCE - 3].rstrip() + "..."
     if cause.when is scaled:
         what = f"{what} ({scaler_order(f, x.step)})"
-    return " ".join(p for p in (f"{what} ({evidence}){' ' + at if at else ''}. Fix: {fix}.", why, x.detail) if p)
+    elif cause.when is micro_steps:
+        what = f"{what} ({passes_words(f, x.step)})"
+    detail = "" if cause.when is micro_steps else x.detail  # the batch-size advice is not this cause's
+    return " ".join(p for p in (f"{what} ({evidence}){' ' + at if at else ''}. Fix: {fix}.", why, detail) if p)
 
 
 def localise(report: Report) -> List[Finding]:

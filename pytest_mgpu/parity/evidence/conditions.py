@@ -68,6 +68,25 @@ def scaler_order(f: UserFacts, step: int) -> str:
     return said
 
 
+def _passes_at(f: UserFacts, step: int) -> tuple:
+    """(rank 0's backward passes, the reference's) at ``step`` (0 where not recorded)."""
+    mine = f.rank_step_backwards[step] if step < len(f.rank_step_backwards) else []
+    ref = f.ref_step_backwards[step] if step < len(f.ref_step_backwards) else 0
+    return (mine[0] if mine else 0), ref
+
+
+def micro_steps(x: Finding, f: UserFacts) -> bool:
+    """The ranks stepped after fewer backward passes than the reference accumulates, and fed that much
+    less per step: an optimizer step per micro-batch, not per accumulated batch."""
+    mine, ref = _passes_at(f, x.step)
+    return ref > 1 and 0 < mine < ref and _near(x.value, mine / ref)
+
+
+def passes_words(f: UserFacts, step: int) -> str:
+    mine, ref = _passes_at(f, step)
+    return f"{mine} backward pass{'es' if mine > 1 else ''} per step on the ranks, {ref} in the reference"
+
+
 def experts_only(x: Finding, f: UserFacts) -> bool:
     """Expert parallel, and every module the finding names holds only experts' tensors (none shared)."""
     return bool(f.shared) and bool(x.names) and not any(

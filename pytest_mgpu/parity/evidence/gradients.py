@@ -44,9 +44,22 @@ def _replicas(report: Report, f: UserFacts) -> Optional[Finding]:
                  + (f", only in {listed(modules_of(names))}" if some else "") +
                  f", e.g. {plain_name(worst)} {worst.rel:.3g} rel)")
         signal = "grads-tp-unreduced" if f.tensor_parallel else "grads-unsynced"
+        replicas = dp_groups(f)
+        if replicas and not set(ranks) & set(f.data_groups[0]):  # rank 0's peers agree: its replicas differ
+            signal = "grads-dp-unreduced"
+            where += "; data-parallel groups: " + "; ".join("ranks " + ", ".join(map(str, g)) for g in replicas)
         return Finding(step, "gradients", "some modules" if some else "one rank alone", signal, where,
                        names=tuple(modules_of(names)) if some else tuple(map(str, ranks)))
     return None
+
+
+def dp_groups(f: UserFacts) -> List[List[int]]:
+    """The data-parallel groups of a 2-D layout: the ranks at one place of every tensor-parallel group
+    (they hold the same shards), where there are several such groups of one size; [] otherwise."""
+    groups = f.data_groups
+    if not f.tensor_parallel or len(groups) < 2 or len({len(g) for g in groups}) != 1 or len(groups[0]) < 2:
+        return []
+    return [[g[i] for g in groups] for i in range(len(groups[0]))]
 
 
 # -- against the reference ------------------------------------------------------------------------
@@ -137,6 +150,11 @@ def _zeroed(f: UserFacts) -> Optional[Finding]:
     """Gradients zeroed between the backward passes of one step on the ranks only (observed before
     each pass): each micro-batch's gradient replaced the previous one's instead of adding to it."""
     for step, (mine, theirs) in enumerate(zip(f.rank_zeroed, f.ref_zeroed)):
+        if theirs and not mine and _same_passes(f, step):
+            return Finding(step, "gradients", "a value", "grads-kept-between",
+                           f"at step {step} reference_fn's gradients were zero again before backward pass "
+                           f"{', '.join(map(str, theirs))} of {f.ref_step_backwards[step]}, fn's on the ranks never: "
+                           "each pass's gradients added to the previous pass's")
         if not mine or theirs:
             continue  # a reference that zeroes between its passes keeps its gradient elsewhere (not compared)
         return Finding(step, "gradients", "a value", "grads-zeroed-micro",
@@ -144,6 +162,13 @@ def _zeroed(f: UserFacts) -> Optional[Finding]:
                        f"{', '.join(map(str, mine))}: each micro-batch's gradients replaced the previous ones'")
     return None
 
+
+
+def _same_passes(f: UserFacts, step: int) -> bool:
+    """Rank 0 and the reference backpropagated as many losses at ``step`` (more than one)."""
+    mine = f.rank_step_backwards[step] if step < len(f.rank_step_backwards) else []
+    ref = f.ref_step_backwards[step] if step < len(f.ref_step_backwards) else 0
+    return ref > 1 and bool(mine) and mine[0] == ref
 
 
 def carried_over(rank: SideLog, ref: SideLog) -> str:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Final, Tuple
 
-from .conditions import (always, below, experts, experts_only, hand_scale, inside, inverse, local_batch, owned_parts,
-                         passes, scaled, world)
+from .conditions import (always, below, experts, experts_only, hand_scale, inside, inverse, local_batch, micro_steps,
+                         owned_parts, passes, scaled, world)
 from .facts import UserFacts
 from .finding import Finding
 
@@ -141,6 +141,9 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "give the plan Replicate() input layouts and the whole batch on every rank"),
     Cause("rows-tp-differ", "rank-dependent inputs to a tensor-parallel model", "give every rank of a tensor-parallel "
           "group the same batch (shard the data over the data-parallel dimension only, the same seed)"),
+    Cause("rows-size", "the ranks step the optimizer (and scaler, scheduler) on every micro-batch, not once per "
+          "accumulated batch", "call optimizer.step() (scaler.step/update, scheduler.step, zero_grad) once per "
+          "accumulated batch, after the last micro-batch's backward, as the reference does", "", micro_steps),
     Cause("rows-size", "the sides train on batches of another size", "give the one-device loop the ranks' batches "
           "together (batch_size x the data-parallel ranks), or each rank batch_size // world_size"),
     Cause("rows-missing", "the sides saw different batches", "draw the reference's batch as the ranks' shards "
@@ -281,6 +284,10 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "The norm is computed over each rank's local shards or part of the parameters only.", below),
     Cause("grads-carried", "gradients not zeroed between steps", "call optimizer.zero_grad() once per optimizer step, "
           "after optimizer.step() (with accumulation: after the step, not after each micro-batch)"),
+    Cause("grads-kept-between", "gradients not zeroed between the backward passes of a step, where the reference "
+          "zeroes them (two passes per step, as SAM's ascent and descent)", "zero the gradients (optimizer.zero_grad() "
+          "or p.grad = None) between the passes as the reference does", "The second pass's gradients are added to the "
+          "first's, so the optimizer steps with their sum."),
     Cause("grads-zeroed-micro", "gradients zeroed between micro-batches", "call optimizer.zero_grad() once per "
           "optimizer step, after optimizer.step(), not inside the accumulation loop"),
     Cause("grads-tp-unreduced", "gradients not reduced across the tensor-parallel group", "all_reduce the input's "
@@ -291,6 +298,12 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("grads-tp-unreduced", "gradients not reduced across the tensor-parallel group", "put the module in "
           "parallelize_module's plan so its weight becomes a Replicate DTensor whose gradient is reduced, or "
           "all_reduce that gradient over the tp mesh's group before optimizer.step()"),
+    Cause("grads-dp-unreduced", "gradients not reduced across the data-parallel group (the ranks that hold the same "
+          "shards in each tensor-parallel group)", "all_reduce every gradient over the data-parallel group (a "
+          "dist.new_group of the ranks at one place of each tensor-parallel group) and divide by its size, after "
+          "backward and before optimizer.step(); not over the tensor-parallel group or the world",
+          "Each data-parallel replica trains on its own rows' gradient: the ranks of one tensor-parallel group agree, "
+          "the groups do not."),
     Cause("grads-sync-off", "the step's last backward ran with gradient synchronisation off (under no_sync() or "
           "set_requires_gradient_sync(False)): its gradients are not reduced across ranks", "turn synchronisation off "
           "only for the micro-batches before the last: no_sync() around all but the last backward, or "

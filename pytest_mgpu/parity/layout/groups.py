@@ -104,6 +104,10 @@ class Layout:
         if self.tensor_parallel:
             words.append("tensor/sequence-parallel peers share one batch and one loss (" + "; ".join(
                 "ranks " + ", ".join(map(str, g)) for g in self.groups if len(g) > 1) + ")")
+            peers = [g for g in self.groups if len(g) > 1]
+            if len(peers) > 1 and len({len(g) for g in peers}) == 1:
+                words.append("data-parallel replicas across those groups (" + "; ".join(
+                    "ranks " + ", ".join(str(g[i]) for g in peers) for i in range(len(peers[0]))) + ")")
         return "; ".join(words)
 
     def _note(self, text: str) -> None:

@@ -11,11 +11,24 @@ reference's by their fingerprints and compares (``evidence/outputs.py``).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Tuple
 
 WIDTH = 8  # a wider last dimension is projected on this many fixed vectors
+_running = [0]  # torch.autograd.backward calls under way (the watch's): a loss's backward
+
+
+@contextlib.contextmanager
+def loss_backward():
+    """Marks a ``torch.autograd.backward`` under way. A probe keeps only the gradients that reach its
+    output there: ``torch.autograd.grad``'s (a gradient penalty's ``grad_outputs``) are no loss's."""
+    _running[0] += 1
+    try:
+        yield
+    finally:
+        _running[0] -= 1
 
 
 @dataclass
@@ -84,7 +97,7 @@ def attach(output, rows: List[float]) -> Optional[Probe]:
                   outs=x)
 
     def keep(grad):
-        if not probe.open or grad is None:  # no gradient reached it (a model that computes its loss elsewhere)
+        if not probe.open or grad is None or not _running[0]:  # none reached it from a loss's backward
             return
         g = condensed(grad)
         probe.grad = g if probe.grad is None or probe.grad.shape != g.shape else probe.grad + g

@@ -34,7 +34,7 @@ from .context import in_function, pipeline_inference
 from .fsdp1_flat import is_flat
 from .calls import fsdp1_clip, scheduler_steps
 from .prints import chunk_prints, fingerprint
-from .probe import Probe, attach
+from .probe import Probe, attach, loss_backward
 from .trail import Trail, holder_of
 from .scaler import scaler_calls
 from .sync import UNSYNCED_LAST, ddp_sync_off, fsdp2_sync
@@ -275,7 +275,8 @@ class Watch:
                 watch.before_backward()
             if top:
                 watch.saw_loss(t.detach(), sys._getframe(1).f_globals.get("__name__", ""))
-            out = backward(tensors, *args, **kwargs)
+            with loss_backward():
+                out = backward(tensors, *args, **kwargs)
             if top and not watch.light:
                 watch.after_backward()
             return out
