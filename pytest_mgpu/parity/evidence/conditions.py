@@ -87,6 +87,13 @@ def passes_words(f: UserFacts, step: int) -> str:
     return f"{mine} backward pass{'es' if mine > 1 else ''} per step on the ranks, {ref} in the reference"
 
 
+def batch_statistics(x: Finding, f: UserFacts) -> bool:
+    """BatchNorm in training mode on the ranks, and the reference's normalises over more rows than a rank's
+    call (not over blocks of a rank's size, as shuffled or ghost BatchNorm does)."""
+    mine, ref = f.batchnorm_rows
+    return bool(f.rank_batchnorm or f.batchnorm) and not (mine and ref and ref <= mine)
+
+
 def experts_only(x: Finding, f: UserFacts) -> bool:
     """Expert parallel, and every module the finding names holds only experts' tensors (none shared)."""
     return bool(f.shared) and bool(x.names) and not any(

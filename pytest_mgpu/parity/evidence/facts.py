@@ -46,6 +46,7 @@ class UserFacts(RunFacts):
     rank_modes: List[List[tuple]] = field(default_factory=list)  # per step, per rank: (eval, all) BatchNorm/dropout
     ref_modes: List[tuple] = field(default_factory=list)  # per step: the reference's
     recomputed: bool = False  # the ranks recompute forwards inside backward (activation checkpointing)
+    batchnorm_rows: Tuple[int, int] = (0, 0)  # the most rows one BatchNorm call took: on a rank, in the reference
     recurrent: str = ""  # the ranks' model holds an RNN: "time-major" or "batch-first" ("" none)
     shared: List[str] = field(default_factory=list)  # expert parallel: the tensors every rank holds (the rest: experts)
     sequence_split: int = 0  # W where each rank fed part r of W of every reference row (context parallel), else 0

@@ -69,6 +69,7 @@ def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Lay
     facts.rank_probes = [list(ranks[r].steps[0].probes) if ranks[r].steps else [] for r in first]
     _holdings(facts, ranks, ref, layout)
     facts.recomputed = any(side.recomputed for side in ranks)
+    facts.batchnorm_rows = (max((side.batchnorm_rows for side in ranks), default=0), ref.batchnorm_rows)
     facts.recurrent = next((side.recurrent for side in ranks if side.recurrent), "")
     facts.shards_apart = shards_apart(ranks[0].steps[0].params, ref.steps[0].params, len(ranks)) \
         if ranks and ranks[0].steps and ref.steps else []

@@ -113,8 +113,9 @@ def _bitwise(report: Report) -> str:
 def _rank_batchnorm(report: Report) -> str:
     f = report.facts
     names = getattr(f, "rank_batchnorm", [])
-    if not (names and f.world_size > 1):
-        return ""
+    mine, ref = getattr(f, "batchnorm_rows", (0, 0))
+    if not (names and f.world_size > 1) or (mine and ref and ref <= mine):
+        return ""  # none, or the reference normalises over blocks of a rank's size too
     return (f"BatchNorm on the ranks: {len(names)} BatchNorm module(s) in training mode ({_names(names)}) normalize "
             "each rank's shard with its own statistics. Fix: torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) "
             "before wrapping it in DDP.")

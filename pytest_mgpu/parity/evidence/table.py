@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Final, Tuple
 
-from .conditions import (always, below, experts, experts_only, hand_scale, inside, inverse, local_batch, micro_steps,
-                         owned_parts, passes, scaled, world)
+from .conditions import (always, batch_statistics, below, experts, experts_only, hand_scale, inside, inverse,
+                         local_batch, micro_steps, owned_parts, passes, scaled, world)
 from .facts import UserFacts
 from .finding import Finding
 
@@ -220,8 +220,7 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("loss-other", "loss reduction='sum' on the ranks", "use reduction='mean' as the reference does",
           "The loss is each rank's sum over its rows, not their mean.", local_batch),
     Cause("loss-other", "BatchNorm without SyncBatchNorm", "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) "
-          "before wrapping it in DDP", "Each rank normalises its shard with its own statistics.",
-          lambda x, f: bool(f.rank_batchnorm or f.batchnorm)),
+          "before wrapping it in DDP", "Each rank normalises its shard with its own statistics.", batch_statistics),
     Cause("loss-other", "Dropout or other randomness", "put the model in eval() or set p=0 for the parity check",
           "The ranks draw other masks than the reference.", lambda x, f: bool(f.dropout)),
     Cause("loss-other", "the forward of the layers sharded by hand computes otherwise (a partial output reduced "

@@ -19,6 +19,7 @@ from ..judge.distance import gap
 from ..precision import ieee_float32
 from .counted import LoopStructure
 from .float64_kernels import float64_kernels
+from .norms import BatchNormRows
 from .loop_companions import LOW, PinsFound, float64_dispatch, split_products, split_sums
 from .recorder import Recorder, SideLog
 from ..records import Portable
@@ -98,8 +99,9 @@ def run_side(job: LoopJob, fn, rank: int, tag: str = "", mode=None,
         return structure.counting(side) if structure is not None else contextlib.nullcontext()
 
     def loop() -> SideLog:
-        watch = Watch(light)
+        watch, norms = Watch(light), BatchNormRows()
         with (watch.installed() if watched else contextlib.nullcontext()), \
+                (norms.installed() if watched and not light else contextlib.nullcontext()), \
                 (mode if mode is not None else contextlib.nullcontext()):
             if job.record == "optimizer":
                 steps = recorder(watch) if recorder else StepRecorder(job.steps, watch, on_first)
@@ -117,6 +119,7 @@ def run_side(job: LoopJob, fn, rank: int, tag: str = "", mode=None,
         side.set_epoch_calls = watch.set_epoch_calls
         side.scaler_skips, side.scalers_made, side.scaled_clips = watch.scaler_skips, watch.scalers_made, watch.scaled_clips
         side.recomputed = watch.recomputed
+        side.batchnorm_rows = norms.most
         side.recurrent = recurrent(watch.model_roots())
         side.sampler_passes = watch.sampler_passes
         side.autocast = side.autocast or watch.autocast

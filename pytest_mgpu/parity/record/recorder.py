@@ -141,6 +141,7 @@ class SideLog:
     unstepped: List[str] = field(default_factory=list)  # trained model's parameters no optimizer steps
     set_epoch_calls: int = 0  # DistributedSampler.set_epoch calls seen
     recomputed: bool = False  # modules ran forward inside backward (activation checkpointing)
+    batchnorm_rows: int = 0  # the most rows one call of a training-mode BatchNorm (not Sync) took
     recurrent: str = ""  # "time-major" or "batch-first" where a model run forward holds an RNN/LSTM/GRU
     sampler_passes: int = 0  # passes over a DistributedSampler seen (0: none used)
     uncounted: int = 0  # optimizer steps that changed nothing (lr 0, no gradient): not steps

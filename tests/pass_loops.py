@@ -1,0 +1,206 @@
+"""Loops whose steps are more than one forward and backward (``tests/test_step_passes.py``): two passes
+per step with the gradients zeroed between them (SAM's ascent, then its descent), two micro-batches
+accumulated per step, a critic with a gradient penalty (``torch.autograd.grad(create_graph=True)``), and
+a 2-D layout by hand (two tensor-parallel groups of two, data parallel across them), and a
+BatchNorm net the reference runs on blocks of a rank's size (ghost BatchNorm). Every side is
+seeded alike; ``bug`` changes the ranks' loop only."""
+import torch
+import torch.distributed as tdist
+from torch import nn
+
+ROWS, X, STEPS = 8, 6, 4
+
+
+def batch(step: int):
+    g = torch.Generator().manual_seed(50 + step)
+    return torch.randn(ROWS, X, generator=g), torch.randn(ROWS, 1, generator=g)
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(X, 16), nn.Tanh(), nn.Linear(16, 1))
+
+
+def _mean_grads(model: nn.Module, world_size: int) -> None:
+    for p in model.parameters():
+        tdist.all_reduce(p.grad)
+        p.grad /= world_size
+
+
+def _sam_step(model, opt, x, y, sync, zero_between: bool = True) -> None:
+    """SAM: ascend to w + rho g/||g||, take the gradient there, restore w, step."""
+    loss = nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    sync()
+    norm = torch.norm(torch.stack([p.grad.norm() for p in model.parameters()]))
+    moved = []
+    with torch.no_grad():
+        for p in model.parameters():
+            e = 0.05 * p.grad / (norm + 1e-12)
+            p.add_(e)
+            moved.append(e)
+    if zero_between:
+        opt.zero_grad()
+    nn.functional.mse_loss(model(x), y).backward()
+    sync()
+    with torch.no_grad():
+        for p, e in zip(model.parameters(), moved):
+            p.sub_(e)
+    opt.step()
+    opt.zero_grad()
+
+
+class Ghost(nn.Module):
+    """A BatchNorm net run on blocks of a rank's size (ghost BatchNorm, as MoCo's shuffled keys): the
+    one-device loop normalises each block alone, as data-parallel ranks without SyncBatchNorm do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Linear(X, 16), nn.BatchNorm1d(16), nn.Tanh(), nn.Linear(16, 1))
+        self.temperature, self.blocks = 1.0, 1
+
+    def forward(self, x):
+        return torch.cat([self.body(c) for c in x.chunk(self.blocks)]) / self.temperature
+
+
+def _penalty(model, x):
+    """A gradient penalty on the inputs: its gradient is taken with create_graph (a double backward)."""
+    x = x.detach().requires_grad_(True)
+    (g,) = torch.autograd.grad(model(x).sum(), x, create_graph=True)
+    return ((g.norm(dim=1) - 1) ** 2).mean()
+
+
+def train(world_size: int, kind: str, bug: str = "") -> None:
+    rank = tdist.get_rank()
+    model = Ghost() if kind == "ghost" else _model()
+    if bug == "temperature":
+        model.temperature = 2.0  # a constant of the forward set otherwise on the ranks
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    n = ROWS // world_size
+    sync = lambda: _mean_grads(model, world_size)  # noqa: E731
+    for step in range(STEPS):
+        x, y = batch(step)
+        sl = slice(rank * n, (rank + 1) * n)
+        if kind == "sam":
+            _sam_step(model, opt, x[sl], y[sl], sync, zero_between=bug != "kept")
+        elif kind == "accum":
+            for micro in range(2):  # two micro-batches of the rank's rows
+                part = slice(sl.start + micro * n // 2, sl.start + (micro + 1) * n // 2)
+                (nn.functional.mse_loss(model(x[part]), y[part]) / 2).backward()
+                if bug == "micro_step":
+                    sync()
+                    opt.step()
+                    opt.zero_grad()
+            if bug != "micro_step":
+                sync()
+                opt.step()
+                opt.zero_grad()
+        elif kind == "ghost":
+            nn.functional.mse_loss(model(x[sl]), y[sl]).backward()
+            sync()
+            opt.step()
+            opt.zero_grad()
+        else:  # "penalty": the critic's term on real rows, and the penalty on other rows
+            rows = slice(0, n) if bug == "unsharded" and step >= 2 else sl
+            loss = model(x[rows]).mean() + 0.1 * _penalty(model, y[rows].expand(-1, X) * x[rows])
+            loss.backward()
+            sync()
+            opt.step()
+            opt.zero_grad()
+
+
+def reference(world_size: int, kind: str) -> None:
+    model = Ghost() if kind == "ghost" else _model()
+    model.blocks = world_size  # ghost BatchNorm: blocks of a rank's size
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(STEPS):
+        x, y = batch(step)
+        if kind == "sam":
+            _sam_step(model, opt, x, y, lambda: None)
+        elif kind == "accum":
+            for micro in range(2):
+                part = slice(micro * ROWS // 2, (micro + 1) * ROWS // 2)
+                (nn.functional.mse_loss(model(x[part]), y[part]) / 2).backward()
+            opt.step()
+            opt.zero_grad()
+        elif kind == "ghost":
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        else:
+            loss = model(x).mean() + 0.1 * _penalty(model, y.expand(-1, X) * x)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+
+# -- a 2-D layout by hand: ranks {0, 1} and {2, 3} are tensor-parallel groups, {0, 2} and {1, 3} replicas --
+class ColumnRow(nn.Module):
+    """A Megatron MLP by hand: the first layer's rows and the second's columns split over the group."""
+
+    def __init__(self, rank_in_group: int = 0, tp: int = 1) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        full1, full2, self.head = nn.Linear(X, 16), nn.Linear(16, 1, bias=False), nn.Linear(1, 1)
+        part = slice(rank_in_group * 16 // tp, (rank_in_group + 1) * 16 // tp)
+        self.fc1 = nn.Linear(X, 16 // tp)
+        self.fc2 = nn.Linear(16 // tp, 1, bias=False)
+        with torch.no_grad():
+            self.fc1.weight.copy_(full1.weight[part])
+            self.fc1.bias.copy_(full1.bias[part])
+            self.fc2.weight.copy_(full2.weight[:, part])
+        self.group = None
+
+    def forward(self, x):
+        out = self.fc2(torch.tanh(self.fc1(x)))
+        if self.group is not None:
+            out = _ReduceForward.apply(out, self.group)
+        return self.head(out)
+
+
+class _ReduceForward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.clone()
+        tdist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+# the pieces of the first tensor-parallel group put together (the other group holds the same pieces)
+SHARDS_2D = {"fc1.*": lambda pieces: torch.cat(pieces[:2], 0), "fc2.weight": lambda pieces: torch.cat(pieces[:2], 1)}
+
+
+def train_2d(world_size: int, bug: str = "") -> None:
+    rank = tdist.get_rank()
+    groups = [tdist.new_group([0, 1]), tdist.new_group([2, 3])]
+    replicas = [tdist.new_group([0, 2]), tdist.new_group([1, 3])]
+    group, place = rank // 2, rank % 2  # its tensor-parallel group, and its place in it
+    model = ColumnRow(place, 2)
+    model.group = groups[group]
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    n = ROWS // 2
+    for step in range(STEPS):
+        x, y = batch(step)
+        sl = slice(group * n, (group + 1) * n)  # each tensor-parallel group its half of the batch
+        nn.functional.mse_loss(model(x[sl]), y[sl]).backward()
+        if bug != "no_dp_reduce":
+            for p in model.parameters():
+                tdist.all_reduce(p.grad, group=replicas[place])
+                p.grad /= 2
+        opt.step()
+        opt.zero_grad()
+
+
+def reference_2d(world_size: int) -> None:
+    model = ColumnRow()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(STEPS):
+        x, y = batch(step)
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()

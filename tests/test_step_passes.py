@@ -1,0 +1,70 @@
+"""Steps of more than one pass (``tests/pass_loops.py``), real 2- and 4-rank loops: what the run shows of
+its passes leads the cause. Gradients kept between SAM's two passes where the reference zeroes them; an
+optimizer step per micro-batch where the reference accumulates two; a gradient penalty's
+``torch.autograd.grad`` is no loss weighting its call otherwise (the rows fed lead); and in a 2-D layout by
+hand, replicas whose gradients differ while each tensor-parallel group agrees name the data-parallel group.
+A reference that runs BatchNorm on blocks of a rank's size puts no difference on the ranks' statistics."""
+import functools
+
+import pytest
+
+from pytest_mgpu import ParityError, world_sizes
+from tests import pass_loops as L
+
+CASES = {  # (kind, bug) -> what the first cause starts with, and a fact it states
+    ("sam", "kept"): ("gradients not zeroed between the backward passes of a step, where the reference zeroes them",
+                      "reference_fn's gradients were zero again before backward pass 2 of 2, fn's on the ranks never"),
+    ("accum", "micro_step"): ("the ranks step the optimizer (and scaler, scheduler) on every micro-batch",
+                              "1 backward pass per step on the ranks, 2 in the reference"),
+    ("penalty", "unsharded"): ("the data is not sharded", "every one of the 2 data-parallel ranks fed the same"),
+}
+
+
+def first_cause(text: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith("likely cause: "))
+
+
+@world_sizes(2)
+@pytest.mark.parametrize("kind", ["sam", "accum", "penalty", "ghost"])
+def test_the_correct_loops_pass(dist, kind):
+    sides = functools.partial(L.train, kind=kind), functools.partial(L.reference, kind=kind)
+    assert dist.assert_same_training(*sides, dist.world_size, steps=L.STEPS, record="optimizer").passed
+
+
+@world_sizes(2)
+@pytest.mark.parametrize("kind,bug", list(CASES))
+def test_the_passes_of_a_step_lead_the_cause(dist, kind, bug):
+    what, fact = CASES[kind, bug]
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(functools.partial(L.train, kind=kind, bug=bug),
+                                  functools.partial(L.reference, kind=kind), dist.world_size, steps=L.STEPS,
+                                  record="optimizer")
+    line = first_cause(str(info.value))
+    assert line.startswith("likely cause: " + what) and fact in line, line
+    assert "call's rows" not in str(info.value), "a penalty's autograd.grad read as a loss gradient"
+
+
+@world_sizes(2)
+def test_batchnorm_is_no_cause_where_the_reference_normalises_blocks_of_a_rank_s_size(dist):
+    """The reference runs its BatchNorm on blocks of a rank's rows (ghost BatchNorm): the ranks' own
+    statistics are what it computes, so another difference in the forward is not put on them."""
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(functools.partial(L.train, kind="ghost", bug="temperature"),
+                                  functools.partial(L.reference, kind="ghost"), dist.world_size, steps=L.STEPS,
+                                  record="optimizer")
+    line = first_cause(str(info.value))
+    assert "the model's forward computes otherwise" in line and "BatchNorm" not in str(info.value), line
+
+
+@world_sizes(4)
+def test_replicas_of_a_2d_layout_name_the_data_parallel_group(dist):
+    check = functools.partial(dist.assert_same_training, reference_fn=L.reference_2d, world_size=dist.world_size,
+                              steps=L.STEPS, record="optimizer", shards=L.SHARDS_2D)
+    assert check(L.train_2d).passed
+    with pytest.raises(ParityError) as info:
+        check(functools.partial(L.train_2d, bug="no_dp_reduce"))
+    text = str(info.value)
+    line = first_cause(text)
+    assert line.startswith("likely cause: gradients not reduced across the data-parallel group"), line
+    assert "data-parallel groups: ranks 0, 2; ranks 1, 3" in line, line
+    assert "data-parallel replicas across those groups (ranks 0, 2; ranks 1, 3)" in text, text
