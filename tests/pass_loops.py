@@ -204,3 +204,70 @@ def reference_2d(world_size: int) -> None:
         nn.functional.mse_loss(model(x), y).backward()
         opt.step()
         opt.zero_grad()
+
+
+# -- an optimizer written in the loop's file (LARS-like): each tensor's step scaled by its trust ratio --
+class Trust(torch.optim.Optimizer):
+    """p -= lr x trust(p) x (g + wd x p), trust = ||p|| / ||g + wd x p|| per matrix; the 1-D tensors
+    (biases) take neither decay nor trust. ``bug`` changes the rule on the ranks."""
+
+    def __init__(self, params, lr: float = 0.05, wd: float = 0.01, bug: str = "") -> None:
+        super().__init__(params, dict(lr=lr, wd=wd))
+        self.bug = bug
+
+    @torch.no_grad()
+    def step(self):
+        group = self.param_groups[0]
+        ps = [p for p in group["params"] if p.grad is not None]
+        total = torch.norm(torch.stack([p.norm() for p in ps])) / torch.norm(torch.stack([p.grad.norm() for p in ps]))
+        for p in ps:
+            adapt = p.dim() > 1 or self.bug == "decay_1d"
+            d = p.grad + group["wd"] * p if adapt else p.grad
+            trust = (total if self.bug == "global_trust" else p.norm() / d.norm()) if adapt else 1.0
+            p.sub_(group["lr"] * (1.1 if self.bug == "scaled" else 1.0) * trust * d)
+
+
+def _ema(model: nn.Module, teacher: nn.Module, m: float) -> None:
+    with torch.no_grad():
+        for t, p in zip(teacher.parameters(), model.parameters()):
+            t.mul_(m).add_(p, alpha=1 - m)
+
+
+class Student(nn.Module):
+    """A net and its EMA teacher (no gradient): the teacher's outputs are the targets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net, self.teacher = _model(), _model()
+        self.teacher.requires_grad_(False)
+
+    def forward(self, x):
+        return self.net(x), self.teacher(x)
+
+
+def train_opt(world_size: int, bug: str = "") -> None:
+    rank = tdist.get_rank()
+    model = Student()
+    opt = Trust(model.parameters(), bug=bug)  # the teacher's too, as MoCo's loop builds it: they get no gradient
+    n = ROWS // world_size
+    for step in range(STEPS):
+        x, y = batch(step)
+        sl = slice(rank * n, (rank + 1) * n)
+        out, target = model(x[sl])
+        nn.functional.mse_loss(out, y[sl] + 0.1 * target).backward()
+        _mean_grads(model.net, world_size)
+        opt.step()
+        opt.zero_grad()
+        _ema(model.net, model.teacher, 0.1 if bug == "ema_swapped" else 0.9)
+
+
+def reference_opt(world_size: int) -> None:
+    model = Student()
+    opt = Trust(model.parameters())
+    for step in range(STEPS):
+        x, y = batch(step)
+        out, target = model(x)
+        nn.functional.mse_loss(out, y + 0.1 * target).backward()
+        opt.step()
+        opt.zero_grad()
+        _ema(model.net, model.teacher, 0.9)

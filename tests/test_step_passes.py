@@ -3,7 +3,8 @@ its passes leads the cause. Gradients kept between SAM's two passes where the re
 optimizer step per micro-batch where the reference accumulates two; a gradient penalty's
 ``torch.autograd.grad`` is no loss weighting its call otherwise (the rows fed lead); and in a 2-D layout by
 hand, replicas whose gradients differ while each tensor-parallel group agrees name the data-parallel group.
-A reference that runs BatchNorm on blocks of a rank's size puts no difference on the ranks' statistics."""
+A reference that runs BatchNorm on blocks of a rank's size puts no difference on the ranks' statistics. An
+optimizer written in the loop's file: how its update differs names the part of it that does."""
 import functools
 
 import pytest
@@ -68,3 +69,33 @@ def test_replicas_of_a_2d_layout_name_the_data_parallel_group(dist):
     assert line.startswith("likely cause: gradients not reduced across the data-parallel group"), line
     assert "data-parallel groups: ranks 0, 2; ranks 1, 3" in line, line
     assert "data-parallel replicas across those groups (ranks 0, 2; ranks 1, 3)" in text, text
+
+
+UPDATES = {  # the ranks' optimizer bug -> what the first cause starts with, and its evidence
+    "decay_1d": ("the optimizer updates the 1-D parameters (biases, norm weights) otherwise",
+                 "only 1-D tensors (biases, norm weights) update otherwise; every matrix's update agrees"),
+    "global_trust": ("the optimizer updates the weight matrices otherwise (the 1-D parameters agree)",
+                     "only the matrices update otherwise"),
+    "scaled": ("the optimizer scales its whole update otherwise with the same learning rate",
+               "each update is 1.1x the reference's, in its direction"),
+    "ema_swapped": ("weights that get no gradient are updated otherwise",
+                    "none of them gets a gradient on either side"),
+}
+
+
+@world_sizes(2)
+@pytest.mark.parametrize("bug", [""] + list(UPDATES))
+def test_how_the_update_differs_names_the_part_of_the_optimizer(dist, bug):
+    """With the same weights and gradients, each tensor's update against the reference's: which tensors
+    differ (1-D ones, matrices, those with no gradient) and how (one factor) says which part of the step."""
+    check = functools.partial(dist.assert_same_training, reference_fn=L.reference_opt, world_size=dist.world_size,
+                              steps=L.STEPS, record="optimizer")
+    if not bug:
+        assert check(L.train_opt).passed
+        return
+    what, evidence = UPDATES[bug]
+    with pytest.raises(ParityError) as info:
+        check(functools.partial(L.train_opt, bug=bug))
+    text = str(info.value)
+    line = first_cause(text)
+    assert line.startswith("likely cause: " + what) and evidence in text.split("likely causes:")[1], line

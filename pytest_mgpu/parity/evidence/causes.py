@@ -15,6 +15,7 @@ from .located import located
 from .possible import possible_causes
 from .forward_causes import FORWARD
 from .table import TABLE, Cause
+from .update_causes import UPDATE
 
 EVIDENCE: Final = 240  # characters of a finding's evidence said before its location (the line keeps both)
 
@@ -27,7 +28,7 @@ NO_CAUSE: Final = ("no known cause detected: look for rank-dependent code, non-d
 
 
 def cause_of(x: Finding, f: UserFacts) -> Optional[Cause]:
-    return next((c for c in TABLE + FORWARD if c.signal == x.signal and c.when(x, f)), None)
+    return next((c for c in TABLE + UPDATE + FORWARD if c.signal == x.signal and c.when(x, f)), None)
 
 
 def said(x: Finding, f: UserFacts) -> str:

@@ -4,7 +4,7 @@ each loop was seen doing)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..records import RunFacts
 
@@ -46,6 +46,7 @@ class UserFacts(RunFacts):
     rank_modes: List[List[tuple]] = field(default_factory=list)  # per step, per rank: (eval, all) BatchNorm/dropout
     ref_modes: List[tuple] = field(default_factory=list)  # per step: the reference's
     recomputed: bool = False  # the ranks recompute forwards inside backward (activation checkpointing)
+    update_ratios: Tuple[int, Dict[str, Any]] = (-1, {})  # (step, name -> update_shape.Ratio): rank 0's update there
     batchnorm_rows: Tuple[int, int] = (0, 0)  # the most rows one BatchNorm call took: on a rank, in the reference
     recurrent: str = ""  # the ranks' model holds an RNN: "time-major" or "batch-first" ("" none)
     shared: List[str] = field(default_factory=list)  # expert parallel: the tensors every rank holds (the rest: experts)

@@ -373,19 +373,4 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "(no .detach(), .data or no_grad on the way)", "The graph is cut between stages."),
     Cause("stage-part", "a stage gets part of its gradient", "keep every micro-batch's activation in the graph",
           "Some micro-batches do not backpropagate into it."),
-    Cause("update-rank", "one rank's update differs", SAME_OPT, "A learning rate, scheduler or optimizer state that "
-          "depends on the rank, or a step or clipping taken on some ranks only."),
-    Cause("update-other", "the optimizer steps otherwise than the reference's", "build the same optimizer with the "
-          "same arguments on both sides", "Another optimizer, weight decay, momentum, betas or eps, or the weights "
-          "changed outside the optimizer."),
-    Cause("update-inside", "the optimizer's step differs, and it owns the gradients (it reduces, scales, clips and "
-          "gathers them itself, as a ZeRO optimizer by hand does)", "make each part of the step the reference's: the "
-          "reduction (a sum divided by the world size, each rank's own partition), the unscaling and the clipping (by "
-          "the all-reduced norm, after unscaling), the overflow check (all-reduced), and the all_gather of the updated "
-          "partitions"),
-    Cause("update-foreign", "the optimizer holds other parameters", "build the optimizer from the parameters of the "
-          "model you run", "It was built on another copy of the model (copy.deepcopy before wrapping, a model "
-          "rebuilt after the optimizer)."),
-    Cause("update-frozen", "parameters that never change", "build the optimizer from the model's parameters with a "
-          "nonzero lr", "The optimizer holds other parameters than the model's, or its lr is 0."),
 )

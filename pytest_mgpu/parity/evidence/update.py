@@ -7,6 +7,7 @@ from typing import List, Optional
 
 from .facts import UserFacts
 from .finding import Finding, Report, over, plain_name, replica_of
+from .update_shape import shape_of
 
 
 def findings(report: Report, f: UserFacts) -> List[Finding]:
@@ -35,11 +36,14 @@ def _after(report: Report, f: UserFacts) -> Optional[Finding]:
         if other and not over(report, step - 1, "grad"):
             worst = max(other, key=lambda e: e.rel)
             seen = any(e.kind == "grad" for e in report.records[step - 1].errors)
+            at, found = f.update_ratios
+            kind, words = shape_of(found, [e.name for e in other]) if at == step - 1 else ("", "")
             return Finding(step - 1, "update", "all tensors", "update-other" if seen else "update-inside",
                            f"with the same weights{' and gradients' if seen else ''} at step {step - 1}"
                            f"{'' if seen else ' (its gradients not compared: reference_fn keeps them elsewhere)'}, "
                            f"the weights after it differ from the reference's ({len(other)} tensor(s), e.g. "
-                           f"{worst.name} {worst.rel:.3g} rel)")
+                           f"{worst.name} {worst.rel:.3g} rel){'; ' + words if words else ''}",
+                           names=(kind,) if kind else ())
         return None
     return None
 

@@ -10,6 +10,7 @@ from typing import Dict, List
 from ..evidence.facts import UserFacts
 from ..evidence.finding import replica_name
 from ..evidence.gather import side_facts
+from ..evidence.update_shape import first_apart, ratios
 from ..layout.groups import Layout
 from ..layout.mapping import Mapped
 from ..record.loops import Gaps, SideResult
@@ -47,6 +48,8 @@ def compare_sides(mapped: Mapped, ref: SideResult, name: str) -> RankResult:
             rec.errors += _against_reference(kind, layout, logs, getattr(want, kind + "s"))
         _attach(rec.errors, shadow, twin)
         records.append(rec)
+    step = first_apart(records)
+    facts.update_ratios = (step, ratios(ranks[0], ref.side, step)) if ranks else (-1, {})
     notes = loop_notes(ranks, ref.side, layout)
     if facts.sequence_split:  # the replicas' rows are parts of the reference's rows, not rows of its batch
         notes = [n.replace("their rows together against the reference's batch", "each fed its part of every row")
