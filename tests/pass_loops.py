@@ -271,3 +271,54 @@ def reference_opt(world_size: int) -> None:
         opt.step()
         opt.zero_grad()
         _ema(model.net, model.teacher, 0.9)
+
+
+# -- experts sharded by hand: every rank the whole batch, its own experts, the gate whole on every rank --
+class Experts(nn.Module):
+    def __init__(self, weight) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight.clone())
+
+
+class MoE(nn.Module):
+    """A soft mixture of 4 linear experts; rank r of W holds experts r x 4/W on, and the outputs are summed
+    over the ranks (all_reduce forward, identity backward)."""
+
+    def __init__(self, rank: int = 0, world: int = 1) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.gate = nn.Linear(X, 4)
+        full = torch.randn(4, X, 1) * 0.3
+        self.per = 4 // world
+        self.first = rank * self.per
+        self.experts = Experts(full[self.first:self.first + self.per])
+        self.group = None
+
+    def forward(self, x):
+        probs = torch.softmax(self.gate(x), dim=1)[:, self.first:self.first + self.per]
+        out = sum(probs[:, e:e + 1] * (x @ self.experts.weight[e]) for e in range(self.per))
+        return _ReduceForward.apply(out, self.group) if self.group is not None else out
+
+
+def train_moe(world_size: int, bug: str = "") -> None:
+    model = MoE(tdist.get_rank(), world_size)
+    model.group = tdist.group.WORLD
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(STEPS):
+        x, y = batch(step)  # every rank the whole batch: each computes its experts' part of every row
+        nn.functional.mse_loss(model(x), y).backward()
+        if bug != "gate_unreduced":
+            for p in model.gate.parameters():
+                tdist.all_reduce(p.grad)  # each rank's part of the gate's gradient, summed
+        opt.step()
+        opt.zero_grad()
+
+
+def reference_moe(world_size: int) -> None:
+    model = MoE()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(STEPS):
+        x, y = batch(step)
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()

@@ -99,3 +99,19 @@ def test_how_the_update_differs_names_the_part_of_the_optimizer(dist, bug):
     text = str(info.value)
     line = first_cause(text)
     assert line.startswith("likely cause: " + what) and evidence in text.split("likely causes:")[1], line
+
+
+@world_sizes(2)
+def test_experts_sharded_by_hand_name_the_expert_parallel_ranks(dist):
+    """Experts split over the ranks by hand, the gate whole on each: a gate gradient left unreduced is
+    that module's all-reduce across the expert-parallel ranks, not a tensor-parallel plan."""
+    check = functools.partial(dist.assert_same_training, reference_fn=L.reference_moe, world_size=dist.world_size,
+                              steps=L.STEPS, record="optimizer")
+    assert check(L.train_moe).passed
+    with pytest.raises(ParityError) as info:
+        check(functools.partial(L.train_moe, bug="gate_unreduced"))
+    text = str(info.value)
+    line = first_cause(text)
+    assert line.startswith("likely cause: the gradients of modules every rank holds whole (a router or gate, shared "
+                           "layers) are not all-reduced across the expert-parallel ranks") and "only in gate" in line, line
+    assert "expert-parallel ranks (experts sharded by hand) share one batch" in text and "parallelize_module" not in line

@@ -289,6 +289,11 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "first's, so the optimizer steps with their sum."),
     Cause("grads-zeroed-micro", "gradients zeroed between micro-batches", "call optimizer.zero_grad() once per "
           "optimizer step, after optimizer.step(), not inside the accumulation loop"),
+    Cause("grads-tp-unreduced", "the gradients of modules every rank holds whole (a router or gate, shared layers) "
+          "are not all-reduced across the expert-parallel ranks", "all_reduce the gradient of every tensor each rank "
+          "holds whole over the ranks that share it (and divide as the others), after backward and before "
+          "optimizer.step(); the experts' own shards are not reduced", "",
+          lambda x, f: x.how == "some modules" and any("expert" in n.lower() for n in f.hand_sharded)),
     Cause("grads-tp-unreduced", "gradients not reduced across the tensor-parallel group", "all_reduce the input's "
           "gradient over the tensor-parallel group in the backward of the function that copies activations into the "
           "parallel layers (Megatron's copy_to_tensor_model_parallel_region: identity forward, all_reduce backward)",
