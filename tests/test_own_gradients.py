@@ -32,3 +32,6 @@ def test_a_gradient_summed_and_never_divided_fails(dist, case):
                                   record="optimizer")
     if case == "main_grad":  # the gradients were read: their factor is the cause
         assert "likely cause: gradients scaled by the world size" in str(info.value), str(info.value)[:600]
+    else:  # the reference's loss is the sum of its 2 passes': no loss cause; the update is 2x the reference's
+        line = next(x for x in str(info.value).splitlines() if x.startswith("likely cause: "))
+        assert line.startswith("likely cause: every update is the world size x the reference's"), line

@@ -121,8 +121,8 @@ def _other(report: Report, f: UserFacts) -> Optional[Finding]:
         k = loss_factor(f, step)
         if f.sequence_split and math.isfinite(k) and any(abs(k * t - 1) < SPLIT_SUM for t in (f.sequence_split, 1)):
             continue  # the parts' losses add up to the reference's (a sum over the sequence's parts) or average to it
-        if bad and not trained_alike(report, f, step) and not (in_passes(f, step, k) and
-                                                               _grads_contradict(report, f, k, step)):
+        passes = in_passes(f, step, k) and (_grads_contradict(report, f, k, step) or not _grad_ratios(report, step))
+        if bad and not trained_alike(report, f, step) and not passes:  # passes: counted over more backward passes
             shown = f" ({k:.4g}x the reference's)" if math.isfinite(k) else ""
             split = term_split(report, step)
             last = last_module(f)

@@ -3,6 +3,7 @@
 move."""
 from __future__ import annotations
 
+import math
 from typing import List, Optional
 
 from .facts import UserFacts
@@ -43,9 +44,14 @@ def _after(report: Report, f: UserFacts) -> Optional[Finding]:
                            f"{'' if seen else ' (its gradients not compared: reference_fn keeps them elsewhere)'}, "
                            f"the weights after it differ from the reference's ({len(other)} tensor(s), e.g. "
                            f"{worst.name} {worst.rel:.3g} rel){'; ' + words if words else ''}",
-                           names=(kind,) if kind else ())
+                           names=(kind,) if kind else (), value=_factor(found, other) if kind == "uniform" else math.nan)
         return None
     return None
+
+
+def _factor(found, other) -> float:
+    cs = sorted(found[e.name].c for e in other if e.name in found)
+    return cs[len(cs) // 2] if cs else math.nan
 
 
 def _frozen(f: UserFacts) -> Optional[Finding]:

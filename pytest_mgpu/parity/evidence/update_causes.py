@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Final, Tuple
 
+from .conditions import world
 from .table import SAME_OPT, Cause
+
+SUM_FIX = "divide the reduced gradients by the world size (or reduce with ReduceOp.AVG), once, before the step"
 
 UPDATE: Final[Tuple[Cause, ...]] = (
     Cause("update-rank", "one rank's update differs", SAME_OPT, "A learning rate, scheduler or optimizer state that "
@@ -21,6 +24,12 @@ UPDATE: Final[Tuple[Cause, ...]] = (
     Cause("update-other", "the optimizer updates the weight matrices otherwise (the 1-D parameters agree): weight "
           "decay or a per-layer adaptation computed otherwise for them", "compute weight decay and any per-layer "
           "scale of the matrices as the reference does", when=lambda x, f: x.names[:1] == ("N-D",)),
+    Cause("update-other", "every update is the world size x the reference's with the same learning rate: the "
+          "gradients the optimizer steps with are summed over the ranks, not averaged (or a scale multiplied by the "
+          "world size)", SUM_FIX, when=lambda x, f: x.names[:1] == ("uniform",) and world(x, f)),
+    Cause("update-inside", "every update is the world size x the reference's: the gradients the optimizer reduces "
+          "itself are summed over the ranks, not averaged", SUM_FIX,
+          when=lambda x, f: x.names[:1] == ("uniform",) and world(x, f)),
     Cause("update-other", "the optimizer scales its whole update otherwise with the same learning rate (a step "
           "size, trust coefficient or scale applied inside the optimizer)", "scale the update as the reference "
           "does: the same coefficients, applied once", when=lambda x, f: x.names[:1] == ("uniform",)),
