@@ -322,3 +322,46 @@ def reference_moe(world_size: int) -> None:
         nn.functional.mse_loss(model(x), y).backward()
         opt.step()
         opt.zero_grad()
+
+
+# -- per-sample gradients with torch.func (DP-SGD's clipping): the model runs forward inside vmap(grad) --
+def _clipped_sum(model: nn.Module, x, y, clip: float = 1.0):
+    from torch.func import functional_call, grad, vmap
+
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss(p, xi, yi):
+        return nn.functional.mse_loss(functional_call(model, p, (xi.unsqueeze(0),)), yi.unsqueeze(0))
+
+    g = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
+    norms = torch.sqrt(sum((t.reshape(t.shape[0], -1) ** 2).sum(1) for t in g.values()))
+    f = (clip / (norms + 1e-6)).clamp(max=1.0)
+    return {k: (t * f.view(-1, *[1] * (t.dim() - 1))).sum(0) for k, t in g.items()}
+
+
+def train_per_sample(world_size: int, bug: str = "") -> None:
+    rank = tdist.get_rank()
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    n = ROWS // world_size
+    for step in range(STEPS):
+        x, y = batch(step)
+        sl = slice(rank * n, (rank + 1) * n)
+        summed = _clipped_sum(model, x[sl], y[sl], clip=0.5 if bug == "clip" else 1.0)
+        for k, p in model.named_parameters():
+            tdist.all_reduce(summed[k])
+            p.grad = summed[k] / ROWS
+        opt.step()
+        opt.zero_grad()
+
+
+def reference_per_sample(world_size: int) -> None:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(STEPS):
+        x, y = batch(step)
+        summed = _clipped_sum(model, x, y)
+        for k, p in model.named_parameters():
+            p.grad = summed[k] / ROWS
+        opt.step()
+        opt.zero_grad()

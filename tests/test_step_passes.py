@@ -115,3 +115,14 @@ def test_experts_sharded_by_hand_name_the_expert_parallel_ranks(dist):
     assert line.startswith("likely cause: the gradients of modules every rank holds whole (a router or gate, shared "
                            "layers) are not all-reduced across the expert-parallel ranks") and "only in gate" in line, line
     assert "expert-parallel ranks (experts sharded by hand) share one batch" in text and "parallelize_module" not in line
+
+
+@world_sizes(2)
+def test_a_model_run_inside_torch_func_transforms_is_recorded_and_judged(dist):
+    """Per-sample gradients (DP-SGD's clipping) run the model inside vmap(grad(...)): the recorder leaves
+    those calls alone (their tensors have no storage to read), and the loop is judged on its steps."""
+    check = functools.partial(dist.assert_same_training, reference_fn=L.reference_per_sample,
+                              world_size=dist.world_size, steps=L.STEPS, record="optimizer")
+    assert check(L.train_per_sample).passed
+    with pytest.raises(ParityError):
+        check(functools.partial(L.train_per_sample, bug="clip"))

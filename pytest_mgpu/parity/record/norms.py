@@ -23,7 +23,7 @@ class BatchNormRows:
         def pre(module, args):
             if isinstance(module, _BatchNorm) and module.training and not isinstance(module, torch.nn.SyncBatchNorm) \
                     and args and isinstance(args[0], torch.Tensor) and args[0].dim() > 1 \
-                    and not torch.compiler.is_compiling():
+                    and not torch.compiler.is_compiling() and not torch._C._are_functorch_transforms_active():
                 self.most = max(self.most, int(args[0].shape[0]))
 
         handle = M.register_module_forward_pre_hook(pre)

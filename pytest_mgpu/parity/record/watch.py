@@ -131,8 +131,8 @@ class Watch:
     def _pre(self, module, args, kwargs=None):
         import torch
 
-        if torch.compiler.is_compiling():
-            return None  # inside a graph torch.compile traces: its modules run as one call, seen from outside
+        if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+            return None  # inside a graph torch.compile traces, or a torch.func transform (per-sample grads)
         if torch._C._current_autograd_node() is not None:
             self.recomputed = True  # a forward inside backward: activation checkpointing recomputes
             return None
@@ -217,7 +217,7 @@ class Watch:
         output probed."""
         import torch
 
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
             return None
         kwargs, output = (rest[0] or {}, rest[1]) if len(rest) == 2 else ({}, rest[0])
         if module is self._top and self._depth:
