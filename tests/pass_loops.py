@@ -365,3 +365,39 @@ def reference_per_sample(world_size: int) -> None:
             p.grad = summed[k] / ROWS
         opt.step()
         opt.zero_grad()
+
+
+# -- a model called with the whole batch, as a LightningModule's step is: (x, y) or {"x": x, "y": y} --
+class BatchModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _model()
+
+    def forward(self, batch):
+        x, y = (batch["x"], batch["y"]) if isinstance(batch, dict) else batch
+        return nn.functional.mse_loss(self.net(x), y)
+
+
+def train_batch(world_size: int, kind: str, bug: str = "") -> None:
+    rank = tdist.get_rank()
+    model = BatchModel()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    n = ROWS // world_size
+    for step in range(STEPS):
+        x, y = batch(step)
+        sl = slice(0, n) if bug == "unsharded" else slice(rank * n, (rank + 1) * n)
+        target = y[sl] + 0.1 if bug == "targets" else y[sl]  # targets built otherwise on the ranks
+        model({"x": x[sl], "y": target} if kind == "dict" else (x[sl], target)).backward()
+        _mean_grads(model, world_size)
+        opt.step()
+        opt.zero_grad()
+
+
+def reference_batch(world_size: int, kind: str) -> None:
+    model = BatchModel()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(STEPS):
+        x, y = batch(step)
+        model({"x": x, "y": y} if kind == "dict" else (x, y)).backward()
+        opt.step()
+        opt.zero_grad()

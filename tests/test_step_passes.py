@@ -126,3 +126,24 @@ def test_a_model_run_inside_torch_func_transforms_is_recorded_and_judged(dist):
     assert check(L.train_per_sample).passed
     with pytest.raises(ParityError):
         check(functools.partial(L.train_per_sample, bug="clip"))
+
+
+BATCHES = {  # how the batch is passed -> the ranks' bug, what the first cause starts with
+    "tuple": ("unsharded", "the data is not sharded (at step 0 every one of the 2 data-parallel ranks fed the same 4 rows"),
+    "dict": ("targets", "the loss differs with the same weights, and the rows could not be compared: another batch"),
+}
+
+
+@world_sizes(2)
+@pytest.mark.parametrize("kind", list(BATCHES))
+def test_a_model_called_with_the_whole_batch(dist, kind):
+    """A module whose forward takes the batch, as a LightningModule's step does: the rows are read from
+    the first tensor of a tuple; where they cannot be read (a dict), no cause says "the same rows"."""
+    sides = functools.partial(L.train_batch, kind=kind), functools.partial(L.reference_batch, kind=kind)
+    assert dist.assert_same_training(*sides, dist.world_size, steps=L.STEPS, record="optimizer").passed
+    bug, what = BATCHES[kind]
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(functools.partial(L.train_batch, kind=kind, bug=bug), sides[1],
+                                  dist.world_size, steps=L.STEPS, record="optimizer")
+    line = first_cause(str(info.value))
+    assert line.startswith("likely cause: " + what), line

@@ -130,9 +130,26 @@ def _other(report: Report, f: UserFacts) -> Optional[Finding]:
                 return Finding(step, "loss", "some modules", "loss-term", f"at step {step} the weights agree, the loss "
                                f"differs{shown} and only {listed(split[0], 3)}'s gradients differ ("
                                f"{listed(split[1], 3)}'s agree)", value=k, names=tuple(split[0]))
+            if not _rows_seen(f, step):
+                return Finding(step, "loss", "all tensors", "loss-other", f"at step {step} the weights agree "
+                               f"but the loss differs{shown}; the rows {_unseen(f, step)} fed were not recorded",
+                               value=k, names=("rows-unseen",))
             return Finding(step, "loss", "all tensors", "loss-other",
                            f"at step {step} the weights agree but the loss differs{shown}", value=k)
     return None
+
+
+def _rows_seen(f: UserFacts, step: int) -> bool:
+    """Both sides' input rows were recorded at ``step`` (so "the same rows" is a fact there)."""
+    ref = f.ref_rows[step] if step < len(f.ref_rows) else []
+    ranks = f.rank_rows[step] if step < len(f.rank_rows) else []
+    return bool(ref) and bool(ranks) and all(ranks)
+
+
+def _unseen(f: UserFacts, step: int) -> str:
+    ref = f.ref_rows[step] if step < len(f.ref_rows) else []
+    ranks = f.rank_rows[step] if step < len(f.rank_rows) else []
+    return "both sides" if not ref and not any(ranks) else "the ranks" if ref else "reference_fn"
 
 
 def last_module(f: UserFacts) -> str:

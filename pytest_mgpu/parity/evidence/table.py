@@ -260,6 +260,13 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "weights and the same rows, split along the sequence, the loss differs: positions, the causal mask, the "
           "softmax merge across blocks, or the loss's token count see one rank's part only.",
           lambda x, f: bool(f.sequence_split) and f.recurrent != "time-major"),
+    Cause("loss-other", "the loss differs with the same weights, and the rows could not be compared: another "
+          "batch (a rank-dependent seed, another sampler or batch size) cannot be told from a loss computed otherwise",
+          "check first that each rank trains its shard of the reference's batch (DistributedSampler, the same seed and "
+          "batch size), then that the loss is normalised over the global batch. The rows are recorded from the first "
+          "tensor passed to the outermost module with parameters called forward on each side: call the model itself "
+          "alike on both sides", "",
+          lambda x, f: x.names[:1] == ("rows-unseen",)),
     Cause("loss-other", "the ranks compute the loss otherwise (normalised by a local count, or missing other ranks' "
           "terms)", "normalise by the global count (all_reduce it), gather what the loss needs from every rank with "
           "torch.distributed.nn.functional.all_gather (it carries gradients), and reduce as the reference does",

@@ -89,6 +89,7 @@ def _first_tensor(args, kwargs):
     import torch
 
     for value in list(args) + list(kwargs.values()):
+        value = value[0] if isinstance(value, (list, tuple)) and value else value  # a batch (x, y): its inputs
         if isinstance(value, torch.Tensor) and not value.is_complex():
             return value
     return None
