@@ -147,3 +147,4 @@ def test_a_model_called_with_the_whole_batch(dist, kind):
                                   dist.world_size, steps=L.STEPS, record="optimizer")
     line = first_cause(str(info.value))
     assert line.startswith("likely cause: " + what), line
+    assert "With the same weights and rows" not in str(info.value)  # they are not the same (tuple) or not seen (dict)
