@@ -401,3 +401,43 @@ def reference_batch(world_size: int, kind: str) -> None:
         model({"x": x, "y": y} if kind == "dict" else (x, y)).backward()
         opt.step()
         opt.zero_grad()
+
+
+# -- a model with a mask argument (an attention mask's role): the ranks' bug leaves it out --
+class Masked(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _model()
+
+    def forward(self, x, mask=None):
+        return self.net(x * mask if mask is not None else x)
+
+
+def _mask(step: int):
+    return (torch.arange(ROWS * X).reshape(ROWS, X) % (3 + step % 2) != 0).float()
+
+
+def train_masked(world_size: int, bug: str = "") -> None:
+    rank = tdist.get_rank()
+    torch.manual_seed(0)
+    model = Masked()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    n = ROWS // world_size
+    for step in range(STEPS):
+        x, y = batch(step)
+        sl = slice(rank * n, (rank + 1) * n)
+        out = model(x[sl]) if bug == "no_mask" else model(x[sl], mask=_mask(step)[sl])
+        nn.functional.mse_loss(out, y[sl]).backward()
+        _mean_grads(model, world_size)
+        opt.step()
+        opt.zero_grad()
+
+
+def reference_masked(world_size: int) -> None:
+    model = Masked()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(STEPS):
+        x, y = batch(step)
+        nn.functional.mse_loss(model(x, mask=_mask(step)), y).backward()
+        opt.step()
+        opt.zero_grad()

@@ -4,7 +4,8 @@ optimizer step per micro-batch where the reference accumulates two; a gradient p
 ``torch.autograd.grad`` is no loss weighting its call otherwise (the rows fed lead); and in a 2-D layout by
 hand, replicas whose gradients differ while each tensor-parallel group agrees name the data-parallel group.
 A reference that runs BatchNorm on blocks of a rank's size puts no difference on the ranks' statistics. An
-optimizer written in the loop's file: how its update differs names the part of it that does."""
+optimizer written in the loop's file: how its update differs names the part of it that does. A model called
+with the whole batch, inside torch.func transforms, or without an argument the reference passes."""
 import functools
 
 import pytest
@@ -148,3 +149,17 @@ def test_a_model_called_with_the_whole_batch(dist, kind):
     line = first_cause(str(info.value))
     assert line.startswith("likely cause: " + what), line
     assert "With the same weights and rows" not in str(info.value)  # they are not the same (tuple) or not seen (dict)
+
+
+@world_sizes(2)
+def test_an_argument_left_out_of_the_model_s_call_is_named(dist):
+    """The reference passes its model a mask by keyword and the ranks leave it out: the call's arguments
+    are the evidence, not "the forward computes otherwise"."""
+    check = functools.partial(dist.assert_same_training, reference_fn=L.reference_masked, world_size=dist.world_size,
+                              steps=L.STEPS, record="optimizer")
+    assert check(L.train_masked).passed
+    with pytest.raises(ParityError) as info:
+        check(functools.partial(L.train_masked, bug="no_mask"))
+    line = first_cause(str(info.value))
+    assert line.startswith("likely cause: the model is called with another set of arguments than in the reference") \
+        and "reference_fn passes the model mask, the ranks do not" in line, line

@@ -18,6 +18,10 @@ FED_OTHER: Final = Cause(
     "positions or labels built otherwise)", "build every argument of the model's call as the reference does, "
     "over the rank's slice of the global batch (shift, pad and mask the rank's rows exactly as the whole batch's)",
     "", lambda x, f: x.names[:1] == ("fed",))
+FED_MISSING: Final = Cause(
+    "forward-other", "the model is called with another set of arguments than in the reference (an attention mask, "
+    "positions or labels left out or added)", "pass the model the same arguments as the reference, each built for "
+    "the rank's rows", "", lambda x, f: x.names[:1] == ("fed",) and x.names[2:3] == ("missing",))
 FED_SLICE: Final = Cause(
     "forward-other", "each rank gets another slice of a batch-wide input beside the rows (noise or a mask drawn for "
     "the whole batch: the same block on every rank, or another offset)", "take the rank's own "
@@ -53,7 +57,7 @@ LOSS_TERM: Final = tuple(Cause("loss-term", c.what, c.fix, c.why, c.when) for c 
           "its normalisation over the global batch, its reduction (sum or mean) the same",
           "With the same weights, the loss differs while the gradients of the rest of the model agree: the term "
           "that differs does not reach the model's final output."),)
-FORWARD: Final = LOSS_TERM + (FED_SLICE, FED_DRAW, FED_OTHER) + LAYOUTS + (BETWEEN, MODULE) + _STATS + (
+FORWARD: Final = LOSS_TERM + (FED_MISSING, FED_SLICE, FED_DRAW, FED_OTHER) + LAYOUTS + (BETWEEN, MODULE) + _STATS + (
     Cause("forward-other", "the model's forward computes otherwise on the ranks (a layer reading other ranks' data, "
           "a buffer or a mode differs)", "find the first module whose output differs for one batch on both sides "
           "and compute it as the reference does"),)

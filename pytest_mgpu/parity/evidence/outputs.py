@@ -15,6 +15,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..record.trail import FED
 from .facts import UserFacts
 from .finding import Finding, over
 from .forward_causes import LAYOUTS
@@ -134,6 +135,9 @@ def _forward(report: Any, f: UserFacts, differ: int, n: int) -> List[Finding]:
     if f.dropout or report is None or report.first_divergence != 0 or over(report, 0, "param"):
         return []
     said = f"at step 0, with the same weights and rows, the model's outputs differ from the reference's in {differ} of {n} rows"
+    missing = _arguments_missing(f) if differ else None
+    if missing is not None:
+        return [missing]
     apart = first_apart(f)
     if apart is None:
         return [Finding(0, "loss", "certain rows", "forward-other", said)] if differ else []
@@ -146,6 +150,36 @@ def _forward(report: Any, f: UserFacts, differ: int, n: int) -> List[Finding]:
     if not differ and any(c.when(found, f) for c in LAYOUTS):
         return []  # no outputs probed, and a layout whose forward exchanges rows: the loss phase names it
     return [found]
+
+
+def _fed_names(probes: List[Any]) -> List[str]:
+    """The tensor arguments of the first probed call that has a trail (positional ones as ``argument <i>``)."""
+    for p in probes:
+        trail = getattr(p, "trail", None) or []
+        names = [m.name for m in trail if m.key[2] == FED]
+        if names:
+            return names
+    return []
+
+
+def _arguments_missing(f: UserFacts) -> Optional[Finding]:
+    """A keyword tensor argument one side passes the model and the other does not, where the ranks pass
+    fewer (or more) tensor arguments in all: an attention mask left out, for instance."""
+    ref = _fed_names(f.ref_probes)
+    mine = _fed_names(next((p for p in f.rank_probes if p), []))
+    if not ref or not mine or len(ref) == len(mine):
+        return None
+    keyword = lambda names: [n for n in names if not n.startswith("argument ")]  # noqa: E731
+    only_ref = [n for n in keyword(ref) if n not in mine]
+    only_mine = [n for n in keyword(mine) if n not in ref]
+    if len(mine) < len(ref) and only_ref:
+        what = f"reference_fn passes the model {', '.join(only_ref)}, the ranks do not"
+    elif len(mine) > len(ref) and only_mine:
+        what = f"the ranks pass the model {', '.join(only_mine)}, reference_fn does not"
+    else:
+        return None
+    return Finding(0, "loss", "certain rows", "forward-other", f"at step 0, same weights and rows: {what}",
+                   names=("fed", (only_ref or only_mine)[0], "missing"))
 
 
 def _read(g, scale: float) -> List[bool]:
