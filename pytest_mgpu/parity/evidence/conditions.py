@@ -82,6 +82,12 @@ def micro_steps(x: Finding, f: UserFacts) -> bool:
     return ref > 1 and 0 < mine < ref and _near(x.value, mine / ref)
 
 
+def no_backward(x: Finding, f: UserFacts) -> bool:
+    """No backward pass ran at the finding's step on rank 0 nor in the reference: the loop set the gradients."""
+    recorded = x.step < len(f.rank_step_backwards) and x.step < len(f.ref_step_backwards)
+    return recorded and _passes_at(f, x.step) == (0, 0)
+
+
 def passes_words(f: UserFacts, step: int) -> str:
     mine, ref = _passes_at(f, step)
     return f"{mine} backward pass{'es' if mine > 1 else ''} per step on the ranks, {ref} in the reference"

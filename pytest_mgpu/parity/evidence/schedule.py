@@ -72,6 +72,12 @@ def _schedule(f: UserFacts, first: int) -> Finding:
         k = ratios.pop()  # an exponential schedule one step ahead is a constant ratio too: a scaling unless ahead
         return Finding(first, "state", "a uniform factor", "lr-factor", what + f", {k:.4g}x at every step",
                        per_step, value=k)
+    apart = {k for k in ratios if abs(k - 1) > 1e-6}
+    if len(ratios) > 1 and len(apart) == 1 and w > 1 and any(abs(x * w - 1) < 0.02 or abs(x / w - 1) < 0.02
+                                                            for x in apart):
+        k = apart.pop()  # one optimizer of several (a GAN's D) or some steps: the others' lrs agree
+        return Finding(first, "state", "a uniform factor", "lr-factor", what + f", {k:.4g}x at every step whose lr "
+                       "differs (the other steps' agree: another optimizer's)", per_step, value=k)
     tends = settled_factor(mine, ref, w)
     if tends:
         return Finding(first, "state", "a uniform factor", "lr-factor", what + f", {tends:.4g}x from step "

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Callable, Final, Tuple
 
 from .conditions import (always, batch_statistics, below, experts, experts_only, hand_scale, inside, inverse,
-                         local_batch, micro_steps, owned_parts, passes, scaled, world)
+                         local_batch, micro_steps, no_backward, owned_parts, passes, scaled, world)
 from .facts import UserFacts
 from .finding import Finding
 
@@ -376,6 +376,10 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "module skipped or computed otherwise on the ranks."),
     Cause("grads-precision", "gradients differ at the level of a lower precision", "judge with that precision "
           "(rtol= of its eps), or reduce in float32", "The ranks reduce or compute them in it."),
+    Cause("grads-other", "the gradients the loop sets itself differ with the same weights (no backward pass ran: "
+          "gradients computed apart, e.g. per-sample with torch.func, then clipped, noised or averaged by hand)",
+          "compute them as the reference does, over the global batch: each clip and normaliser the same, random "
+          "draws (noise) made once for the whole batch with a generator seeded alike on every rank", "", no_backward),
     Cause("grads-other", RECOMPUTE, RECOMPUTE_FIX, RECOMPUTE_WHY, lambda x, f: f.recomputed),
     Cause("grads-other", ACCUMULATED, ACCUMULATED_FIX, "", lambda x, f: inside(x, f) and f.rank_backwards > 1),
     Cause("grads-other", INSIDE, INSIDE_FIX, "", inside),

@@ -133,7 +133,8 @@ class StepRecorder:
             self.side.steps.append(StepLog(
                 seen.loss(), grads, params, seen.rows, len(seen.losses), lrs, seen.clips, optimizer_state(optimizer),
                 hyperparameters(optimizer), untrained_state(prefixed(self.watch.model_roots(), merge=False), named,
-                                                            list(self.watch.stateful.values()), census),
+                                                            list(self.watch.stateful.values()), census,
+                                                            {i for ids, _ in self._names.values() for i in ids}),
                 seen.raw_norms[-1] if seen.raw_norms else float("nan"), seen.zeroed, eval_modes(models, census),
                 frozen(seen.where), (seen.scale, tuple(seen.order)), seen.chunks, seen.probes))
         census.clear()  # the next step's forward passes walk them again
@@ -335,17 +336,19 @@ def hyperparameters(optimizer) -> List[Dict[str, float]]:
 
 
 def untrained_state(roots: List[Tuple[str, Any]], stepped: List[Tuple[str, Any]],
-                    stateful: Sequence[Any] = (), census: Optional[Census] = None) -> Dict[str, float]:
+                    stateful: Sequence[Any] = (), census: Optional[Census] = None,
+                    others: Optional[set] = None) -> Dict[str, float]:
     """A fingerprint of each floating tensor of the models run forward that no optimizer steps: the
     parameters of a model trained otherwise (an EMA teacher) and buffers other than the running
     statistics of a BatchNorm in training mode (which follow each rank's shard by design; a frozen one,
     in eval mode, normalises with them: they are compared). Local tensors only (no collective);
-    DTensors are left out. ``census``: the trees as the step's recording walked them."""
+    DTensors are left out. ``census``: the trees as the step's recording walked them; ``others``: ids of
+    parameters another optimizer of the loop steps (a second optimizer's are trained, not state)."""
     import torch
     from torch.nn.modules.batchnorm import _BatchNorm
 
     census = census or Census()
-    ids = {id(p) for _, p in stepped}
+    ids = {id(p) for _, p in stepped} | (others or set())
     out: Dict[str, float] = {}
     tensors: List[Tuple[str, Any]] = []
     for prefix, root in roots:
