@@ -441,3 +441,33 @@ def reference_masked(world_size: int) -> None:
         nn.functional.mse_loss(model(x, mask=_mask(step)), y).backward()
         opt.step()
         opt.zero_grad()
+
+
+# -- two optimizers, one per part (a trunk and a head): each optimizer.step() is a step --
+def train_two(world_size: int, bug: str = "") -> None:
+    rank = tdist.get_rank()
+    model = _model()
+    trunk = Trust(model[0].parameters(), bug="scaled" if bug == "trunk_scaled" else "")
+    head = torch.optim.SGD(model[2].parameters(), lr=0.05 * (world_size if bug == "head_lr_world" else 1))
+    n = ROWS // world_size
+    for step in range(STEPS):
+        x, y = batch(step)
+        sl = slice(rank * n, (rank + 1) * n)
+        nn.functional.mse_loss(model(x[sl]), y[sl]).backward()
+        _mean_grads(model, world_size)
+        trunk.step()
+        head.step()
+        trunk.zero_grad()
+        head.zero_grad()
+
+
+def reference_two(world_size: int) -> None:
+    model = _model()
+    trunk, head = Trust(model[0].parameters()), torch.optim.SGD(model[2].parameters(), lr=0.05)
+    for step in range(STEPS):
+        x, y = batch(step)
+        nn.functional.mse_loss(model(x), y).backward()
+        trunk.step()
+        head.step()
+        trunk.zero_grad()
+        head.zero_grad()

@@ -163,3 +163,36 @@ def test_an_argument_left_out_of_the_model_s_call_is_named(dist):
     line = first_cause(str(info.value))
     assert line.startswith("likely cause: the model is called with another set of arguments than in the reference") \
         and "reference_fn passes the model mask, the ranks do not" in line, line
+
+
+TWO = {  # the ranks' bug in a loop with two optimizers -> what the first cause starts with
+    "trunk_scaled": "the optimizer steps otherwise than the reference's",
+    "head_lr_world": "the ranks' learning rate is world size x the reference's",
+}
+
+
+@world_sizes(2)
+@pytest.mark.parametrize("bug", [""] + list(TWO))
+def test_a_loop_with_two_optimizers(dist, bug):
+    """The trunk's parameters are another optimizer's, not state no optimizer steps; an lr off by the world
+    size in one optimizer (the other's steps agree) is that factor. (Each step records its own optimizer's
+    parameters, so how the trunk's update differs is not read: the generic update cause leads.)"""
+    check = functools.partial(dist.assert_same_training, reference_fn=L.reference_two, world_size=dist.world_size,
+                              steps=2 * L.STEPS, record="optimizer")
+    if not bug:
+        assert check(L.train_two).passed
+        return
+    with pytest.raises(ParityError) as info:
+        check(functools.partial(L.train_two, bug=bug))
+    line = first_cause(str(info.value))
+    assert line.startswith("likely cause: " + TWO[bug]) and "state no optimizer steps" not in line, line
+
+
+@world_sizes(2)
+def test_gradients_a_loop_sets_itself_are_said_so(dist):
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(functools.partial(L.train_per_sample, bug="clip"), L.reference_per_sample,
+                                  dist.world_size, steps=L.STEPS, record="optimizer")
+    line = first_cause(str(info.value))
+    assert line.startswith("likely cause: the gradients the loop sets itself differ with the same weights (no "
+                           "backward pass ran"), line

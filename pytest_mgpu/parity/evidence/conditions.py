@@ -83,9 +83,10 @@ def micro_steps(x: Finding, f: UserFacts) -> bool:
 
 
 def no_backward(x: Finding, f: UserFacts) -> bool:
-    """No backward pass ran at the finding's step on rank 0 nor in the reference: the loop set the gradients."""
-    recorded = x.step < len(f.rank_step_backwards) and x.step < len(f.ref_step_backwards)
-    return recorded and _passes_at(f, x.step) == (0, 0)
+    """No backward pass ran in any step on rank 0 nor in the reference: the loop sets the gradients itself
+    (a step of a second optimizer after another's backward ran none of its own, so every step is read)."""
+    mine = [per_rank[0] for per_rank in f.rank_step_backwards if per_rank]
+    return bool(mine) and bool(f.ref_step_backwards) and not any(mine) and not any(f.ref_step_backwards)
 
 
 def passes_words(f: UserFacts, step: int) -> str:

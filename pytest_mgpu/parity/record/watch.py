@@ -133,7 +133,9 @@ class Watch:
         import torch
 
         if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
-            return None  # inside a graph torch.compile traces, or a torch.func transform (per-sample grads)
+            if not torch.compiler.is_compiling() and next(module.parameters(), None) is not None:
+                self.roots.setdefault(id(module), module)  # run inside torch.func (per-sample grads): named only
+            return None  # inside a graph torch.compile traces, or a torch.func transform
         if torch._C._current_autograd_node() is not None:
             self.recomputed = True  # a forward inside backward: activation checkpointing recomputes
             return None
