@@ -16,6 +16,15 @@ def batch(step: int):
     return torch.randn(ROWS, X, generator=g), torch.randn(ROWS, 1, generator=g)
 
 
+def _one_device(model: nn.Module, opt, loss_of) -> None:
+    """The one-device loop: each step the whole batch, ``loss_of(model, x, y, step)`` backpropagated, one step."""
+    for step in range(STEPS):
+        x, y = batch(step)
+        loss_of(model, x, y, step).backward()
+        opt.step()
+        opt.zero_grad()
+
+
 def _model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(X, 16), nn.Tanh(), nn.Linear(16, 1))
@@ -198,12 +207,7 @@ def train_2d(world_size: int, bug: str = "") -> None:
 
 def reference_2d(world_size: int) -> None:
     model = ColumnRow()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    for step in range(STEPS):
-        x, y = batch(step)
-        nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-        opt.zero_grad()
+    _one_device(model, torch.optim.SGD(model.parameters(), lr=0.05), lambda m, x, y, s: nn.functional.mse_loss(m(x), y))
 
 
 # -- an optimizer written in the loop's file (LARS-like): each tensor's step scaled by its trust ratio --
@@ -316,12 +320,7 @@ def train_moe(world_size: int, bug: str = "") -> None:
 
 def reference_moe(world_size: int) -> None:
     model = MoE()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    for step in range(STEPS):
-        x, y = batch(step)
-        nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-        opt.zero_grad()
+    _one_device(model, torch.optim.SGD(model.parameters(), lr=0.05), lambda m, x, y, s: nn.functional.mse_loss(m(x), y))
 
 
 # -- per-sample gradients with torch.func (DP-SGD's clipping): the model runs forward inside vmap(grad) --
@@ -395,12 +394,8 @@ def train_batch(world_size: int, kind: str, bug: str = "") -> None:
 
 def reference_batch(world_size: int, kind: str) -> None:
     model = BatchModel()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    for step in range(STEPS):
-        x, y = batch(step)
-        model({"x": x, "y": y} if kind == "dict" else (x, y)).backward()
-        opt.step()
-        opt.zero_grad()
+    _one_device(model, torch.optim.SGD(model.parameters(), lr=0.05),
+                lambda m, x, y, s: m({"x": x, "y": y} if kind == "dict" else (x, y)))
 
 
 # -- a model with a mask argument (an attention mask's role): the ranks' bug leaves it out --
@@ -435,12 +430,8 @@ def train_masked(world_size: int, bug: str = "") -> None:
 
 def reference_masked(world_size: int) -> None:
     model = Masked()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    for step in range(STEPS):
-        x, y = batch(step)
-        nn.functional.mse_loss(model(x, mask=_mask(step)), y).backward()
-        opt.step()
-        opt.zero_grad()
+    _one_device(model, torch.optim.SGD(model.parameters(), lr=0.05),
+                lambda m, x, y, s: nn.functional.mse_loss(m(x, mask=_mask(s)), y))
 
 
 # -- two optimizers, one per part (a trunk and a head): each optimizer.step() is a step --
