@@ -34,6 +34,16 @@ def _group_rows(f: UserFacts, ranks: List[List[float]]) -> List[List[float]]:
     return out
 
 
+def batch_differs(f: UserFacts, step: int) -> bool:
+    """Both sides' rows were recorded at ``step`` and the data groups' rows together are not the
+    reference's batch (what ``findings`` says how); False under a sequence split or where not recorded."""
+    ref = f.ref_rows[step] if step < len(f.ref_rows) else []
+    ranks = f.rank_rows[step] if step < len(f.rank_rows) else []
+    if f.sequence_split or not ref or not ranks or not all(ranks):
+        return False
+    return sum((_key(g) for g in _group_rows(f, ranks)), Counter()) != _key(ref)
+
+
 def sequence_split(ref_chunks: List[Dict[int, List[float]]], rank_rows: List[List[List[float]]]) -> int:
     """W where, at every step with rows, rank r of W fed part r of each of the reference's rows (its rows'
     W equal contiguous parts: the sequence split of context parallelism); 0 where not (or at no step)."""

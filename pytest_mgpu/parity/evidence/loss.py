@@ -5,10 +5,10 @@ and parameters agree is a matter of normalisation, not a divergence (``normalisa
 from __future__ import annotations
 
 import math
-from collections import Counter
 from typing import List, Optional, Tuple
 
 from .facts import UserFacts
+from .inputs import batch_differs
 from .finding import Finding, Report, factor_words, listed, over, replica_of
 
 EXACT = 1e-4  # relative: a factor read from the losses of every step alike
@@ -123,7 +123,7 @@ def _other(report: Report, f: UserFacts) -> Optional[Finding]:
         if f.sequence_split and math.isfinite(k) and any(abs(k * t - 1) < SPLIT_SUM for t in (f.sequence_split, 1)):
             continue  # the parts' losses add up to the reference's (a sum over the sequence's parts) or average to it
         passes = in_passes(f, step, k) and (_grads_contradict(report, f, k, step) or not _grad_ratios(report, step))
-        if bad and not trained_alike(report, f, step) and not passes and not _rows_differ(f, step):
+        if bad and not trained_alike(report, f, step) and not passes and not batch_differs(f, step):
             shown = f" ({k:.4g}x the reference's)" if math.isfinite(k) else ""
             split = term_split(report, step)
             last = last_module(f)
@@ -145,15 +145,6 @@ def _rows_seen(f: UserFacts, step: int) -> bool:
     ref = f.ref_rows[step] if step < len(f.ref_rows) else []
     ranks = f.rank_rows[step] if step < len(f.rank_rows) else []
     return bool(ref) and bool(ranks) and all(ranks)
-
-
-def _rows_differ(f: UserFacts, step: int) -> bool:
-    """Data parallel, both sides' rows recorded at ``step``, and the ranks' together are not the reference's
-    (the inputs evidence says how): a loss cause would not have the same rows."""
-    if f.tensor_parallel or f.sequence_split or not _rows_seen(f, step):
-        return False
-    together = Counter(float(f"{v:.12g}") for rows in f.rank_rows[step] for v in rows)
-    return together != Counter(float(f"{v:.12g}") for v in f.ref_rows[step])
 
 
 def _unseen(f: UserFacts, step: int) -> str:

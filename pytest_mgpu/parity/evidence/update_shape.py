@@ -49,12 +49,21 @@ def _no_grad(g) -> bool:
 
 
 APART = 1e-5  # relative: a weight after a step that is not the reference's (well above float32 roundoff)
+SURE = 100  # x the measured roundoff (float64 shadow, float32 twin): apart beyond any tolerance a pass allows
+
+
+def _apart(e) -> bool:
+    """Rank 0's weight ``e`` is the reference's neither to APART nor to SURE x its measured roundoff: a
+    passing check (within its tolerance, some tens of that roundoff) reads no update (the work is a failure's)."""
+    noise = max((x for x in (e.floor, e.twin) if math.isfinite(x)), default=math.nan)
+    return e.kind == "param" and not e.name.startswith("rank ") and e.rel > APART and \
+        not (math.isfinite(noise) and e.norm_err <= SURE * noise)
 
 
 def first_apart(records: List) -> int:
-    """The step whose update first left some weight of rank 0 APART from the reference's (-1: none)."""
+    """The step whose update first left some weight of rank 0 apart from the reference's (-1: none)."""
     for rec in records[1:]:
-        if any(e.kind == "param" and not e.name.startswith("rank ") and e.rel > APART for e in rec.errors):
+        if any(_apart(e) for e in rec.errors):
             return rec.step - 1
     return -1
 

@@ -50,13 +50,11 @@ def compare_sides(mapped: Mapped, ref: SideResult, name: str) -> RankResult:
         records.append(rec)
     step = first_apart(records)
     facts.update_ratios = (step, ratios(ranks[0], ref.side, step)) if ranks else (-1, {})
+    layout.experts_by_hand = any("expert" in n.lower() for n in mapped.sharded)
     notes = loop_notes(ranks, ref.side, layout)
     if facts.sequence_split:  # the replicas' rows are parts of the reference's rows, not rows of its batch
         notes = [n.replace("their rows together against the reference's batch", "each fed its part of every row")
                  for n in notes]
-    if any("expert" in n.lower() for n in mapped.sharded):  # the peers hold experts, not one layer's slices
-        notes = [n.replace("tensor/sequence-parallel peers share one batch", "expert-parallel ranks (experts "
-                           "sharded by hand) share one batch") for n in notes]
     facts.loop_notes = notes + mapped.notes + facts.loop_notes
     return RankResult(records, facts)
 

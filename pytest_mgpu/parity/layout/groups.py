@@ -30,6 +30,7 @@ class Layout:
     groups: List[List[int]]  # ranks sharing one batch (tensor/sequence parallel peers); singletons otherwise
     notes: List[str] = field(default_factory=list)
     shared: FrozenSet[str] = frozenset()  # names every rank holds, where ranks also hold names of their own (experts)
+    experts_by_hand: bool = False  # the tensors the peers' pieces make are experts (set once mapping found them)
 
     @classmethod
     def of(cls, ranks: List[SideLog]) -> "Layout":
@@ -102,7 +103,9 @@ class Layout:
             words.append(f"expert parallel: every rank holds {len(self.shared)} shared tensor(s), judged as "
                          "replicas of rank 0's, and its own experts, judged against their part of the model")
         if self.tensor_parallel:
-            words.append("tensor/sequence-parallel peers share one batch and one loss (" + "; ".join(
+            peers_are = "expert-parallel ranks (experts sharded by hand)" if self.experts_by_hand else \
+                "tensor/sequence-parallel peers"
+            words.append(peers_are + " share one batch and one loss (" + "; ".join(
                 "ranks " + ", ".join(map(str, g)) for g in self.groups if len(g) > 1) + ")")
             peers = [g for g in self.groups if len(g) > 1]
             if len(peers) > 1 and len({len(g) for g in peers}) == 1:
