@@ -68,7 +68,7 @@ def scaler_order(f: UserFacts, step: int) -> str:
     return said
 
 
-def _passes_at(f: UserFacts, step: int) -> tuple:
+def passes_at(f: UserFacts, step: int) -> tuple:
     """(rank 0's backward passes, the reference's) at ``step`` (0 where not recorded)."""
     mine = f.rank_step_backwards[step] if step < len(f.rank_step_backwards) else []
     ref = f.ref_step_backwards[step] if step < len(f.ref_step_backwards) else 0
@@ -78,7 +78,7 @@ def _passes_at(f: UserFacts, step: int) -> tuple:
 def micro_steps(x: Finding, f: UserFacts) -> bool:
     """The ranks stepped after fewer backward passes than the reference accumulates, and fed that much
     less per step: an optimizer step per micro-batch, not per accumulated batch."""
-    mine, ref = _passes_at(f, x.step)
+    mine, ref = passes_at(f, x.step)
     return ref > 1 and 0 < mine < ref and _near(x.value, mine / ref)
 
 
@@ -90,7 +90,7 @@ def no_backward(x: Finding, f: UserFacts) -> bool:
 
 
 def passes_words(f: UserFacts, step: int) -> str:
-    mine, ref = _passes_at(f, step)
+    mine, ref = passes_at(f, step)
     return f"{mine} backward pass{'es' if mine > 1 else ''} per step on the ranks, {ref} in the reference"
 
 

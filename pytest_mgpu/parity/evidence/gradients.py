@@ -13,6 +13,7 @@ from typing import Dict, List, Optional
 from ..judge.tolerance import EPS
 from ..record.recorder import SideLog
 from ..records import TensorError
+from .conditions import passes_at
 from .facts import REFERENCE, UserFacts
 from .finding import (Finding, Report, common_factor, factor_words, listed, modules_of, over, plain_name, replica_of,
                       world_factor_of_most)
@@ -166,9 +167,8 @@ def _zeroed(f: UserFacts) -> Optional[Finding]:
 
 def _same_passes(f: UserFacts, step: int) -> bool:
     """Rank 0 and the reference backpropagated as many losses at ``step`` (more than one)."""
-    mine = f.rank_step_backwards[step] if step < len(f.rank_step_backwards) else []
-    ref = f.ref_step_backwards[step] if step < len(f.ref_step_backwards) else 0
-    return ref > 1 and bool(mine) and mine[0] == ref
+    mine, ref = passes_at(f, step)
+    return ref > 1 and mine == ref
 
 
 def carried_over(rank: SideLog, ref: SideLog) -> str:
