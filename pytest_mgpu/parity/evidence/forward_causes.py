@@ -33,8 +33,8 @@ FED_DRAW: Final = Cause(
     "global batch with a generator seeded alike on every rank, and take the rank's slice",
     "", lambda x, f: x.names[:1] == ("fed",) and x.names[2:3] == ("draw",))
 BETWEEN: Final = Cause(
-    "forward-other", "the model's own code makes a module's input otherwise (a random draw, mask, index or count "
-    "per rank, or an exchange between ranks)", "compute that input as the reference does: "
+    "forward-other", "the model's own code makes a module's input otherwise (a random draw, mask, index, count or "
+    "token capacity per rank, or an exchange between ranks)", "compute that input as the reference does: "
     "random draws for the global batch (a generator seeded alike on every rank, then the rank's slice), counts, "
     "shapes and indices over the whole batch, and each step of the code in the reference's order", "",
     lambda x, f: x.names[:1] == ("between",))
@@ -51,8 +51,9 @@ LAYOUTS: Final = tuple(c for c in _DERIVED if c not in _STATS)  # a forward that
 # conditions first (a scaler, BatchNorm, dropout, the layouts), then the term.
 LOSS_TERM: Final = tuple(Cause("loss-term", c.what, c.fix, c.why, c.when) for c in TABLE
                          if c.signal == "loss-other" and c.when is not always) + (
-    Cause("loss-term", "a loss term reaching only part of the model differs (a KL, auxiliary or penalty term on "
-          "its output or weights, or its coefficient: annealed, warmed up or scaled otherwise)",
+    Cause("loss-term", "a loss term reaching only part of the model differs (an auxiliary, KL or penalty term "
+          "on its output or weights, computed from the rank's own rows or counts, or its coefficient: annealed, "
+          "warmed up or scaled otherwise)",
           "compute that term and its coefficient as the reference does: its schedule counted in optimizer steps, "
           "its normalisation over the global batch, its reduction (sum or mean) the same",
           "With the same weights, the loss differs while the gradients of the rest of the model agree: the term "

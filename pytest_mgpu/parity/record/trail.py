@@ -49,14 +49,20 @@ def eps_of(t: Any) -> float:
     return float(torch.finfo(t.dtype).eps) if isinstance(t, torch.Tensor) and t.is_floating_point() else 0.0
 
 
-def row_marks(t: Any, n: int) -> List[Tuple[float, List[float]]]:
+def row_marks(t: Any, n: int, tokens: int = 0) -> List[Tuple[float, List[float]]]:
     """Per row of ``t`` (``n`` rows, batch first): its norm and ``SAMPLE`` values at fixed positions;
-    [] where ``t`` is no floating tensor of ``n`` rows."""
+    [] where ``t`` is no floating tensor of ``n`` rows. With ``tokens`` (the positions per row of the
+    model's input), a 2-D ``t`` of ``n x tokens`` rows is the batch's tokens flattened (``view(-1, d)``, as
+    a mixture of experts routes them): each row's tokens together are its row."""
     import torch
 
-    if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] != n or t.numel() == 0 or \
-            hasattr(t, "full_tensor") or t.is_complex():
+    if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.numel() == 0 or hasattr(t, "full_tensor") or \
+            t.is_complex():
         return []
+    if t.shape[0] != n:
+        if tokens < 2 or t.dim() != 2 or t.shape[0] != n * tokens:
+            return []
+        t = t.reshape(n, -1)
     with torch.no_grad():
         x = t.detach().reshape(n, -1)
         if not x.is_floating_point():
@@ -106,6 +112,8 @@ class Trail:
     def __init__(self, top: Any, n: int, holder: str = "", given: Tuple[tuple, dict] = ((), {})):
         self.n = n
         self.marks: List[Mark] = fed_marks(type(top).__name__, given, n)
+        first = next((v for v in list(given[0]) + list(given[1].values()) if hasattr(v, "dim")), None)
+        self._tokens = int(first.shape[1]) if first is not None and first.dim() >= 2 else 0  # positions per row
         self._names: Dict[int, str] = {id(m): name for name, m in top.named_modules()}
         self._holder = holder  # the prefix of the module the loop wrote, inside its wrappers
         self._by_class: Counter = Counter()  # calls so far per module class
@@ -132,14 +140,14 @@ class Trail:
         call = self._by_name[shown]
         self._by_name[shown] += 1
         line = caller_line()
-        rows = row_marks(x, self.n)
+        rows = row_marks(x, self.n, self._tokens)
         if rows:
             self.marks.append(Mark((kind, k, "input"), shown, line, rows, call, eps_of(x)))
 
         def ended(_module, _args, output):
             handle.remove()
             t = first_output(output)
-            got = row_marks(t, self.n)
+            got = row_marks(t, self.n, self._tokens)
             if got and len(self.marks) < MARKS:
                 self.marks.append(Mark((kind, k, "output"), shown, line, got, call, eps_of(t)))
 
