@@ -52,8 +52,7 @@ LAYOUTS: Final = tuple(c for c in _DERIVED if c not in _STATS)  # a forward that
 LOSS_TERM: Final = tuple(Cause("loss-term", c.what, c.fix, c.why, c.when) for c in TABLE
                          if c.signal == "loss-other" and c.when is not always) + (
     Cause("loss-term", "a loss term reaching only part of the model differs (an auxiliary, KL or penalty term "
-          "on its output or weights, computed from the rank's own rows or counts, or its coefficient: annealed, "
-          "warmed up or scaled otherwise)",
+          "over the rank's own rows or counts, or its coefficient annealed or scaled otherwise)",
           "compute that term and its coefficient as the reference does: its schedule counted in optimizer steps, "
           "its normalisation over the global batch, its reduction (sum or mean) the same",
           "With the same weights, the loss differs while the gradients of the rest of the model agree: the term "
