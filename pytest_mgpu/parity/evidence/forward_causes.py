@@ -32,6 +32,11 @@ FED_DRAW: Final = Cause(
     "not for the whole batch", "draw it for the "
     "global batch with a generator seeded alike on every rank, and take the rank's slice",
     "", lambda x, f: x.names[:1] == ("fed",) and x.names[2:3] == ("draw",))
+ROUTED: Final = Cause(
+    "forward-other", "the tokens routed to a module differ (a top-k, capacity or token drop decided from the rank's "
+    "tokens, or routing noise drawn per rank)", "route as the reference does over the global batch: capacities and "
+    "token priorities counted over every rank's tokens (all-gather or all-reduce the counts), routing noise drawn "
+    "for the whole batch and sliced per rank", "", lambda x, f: x.names[:1] == ("routed",))
 BETWEEN: Final = Cause(
     "forward-other", "the model's own code makes a module's input otherwise (a random draw, mask, index, count or "
     "token capacity per rank, or an exchange between ranks)", "compute that input as the reference does: "
@@ -57,7 +62,7 @@ LOSS_TERM: Final = tuple(Cause("loss-term", c.what, c.fix, c.why, c.when) for c 
           "its normalisation over the global batch, its reduction (sum or mean) the same",
           "With the same weights, the loss differs while the gradients of the rest of the model agree: the term "
           "that differs does not reach the model's final output."),)
-FORWARD: Final = LOSS_TERM + (FED_MISSING, FED_SLICE, FED_DRAW, FED_OTHER) + LAYOUTS + (BETWEEN, MODULE) + _STATS + (
+FORWARD: Final = LOSS_TERM + (FED_MISSING, FED_SLICE, FED_DRAW, FED_OTHER) + LAYOUTS + (ROUTED, BETWEEN, MODULE) + _STATS + (
     Cause("forward-other", "the model's forward computes otherwise on the ranks (a layer reading other ranks' data, "
           "a buffer or a mode differs)", "find the first module whose output differs for one batch on both sides "
           "and compute it as the reference does"),)

@@ -20,6 +20,7 @@ from .facts import UserFacts
 from .finding import Finding, over
 from .forward_causes import LAYOUTS
 from .fed import fed_kind
+from .routed import first_routed, routed_first
 from .trail import first_apart
 
 AGREE = 1e-4  # relative: an output row that is the reference's (its fingerprint and its norm)
@@ -139,6 +140,11 @@ def _forward(report: Any, f: UserFacts, differ: int, n: int) -> List[Finding]:
     if missing is not None:
         return [missing]
     apart = first_apart(f)
+    routed = first_routed(f)
+    if routed is not None and (apart is None or routed_first(f, routed, apart.mark)):
+        return [Finding(0, "loss", "certain rows", "forward-other", f"at step 0, same weights and rows: "
+                        f"{routed.words()}", names=("routed", routed.name),
+                        line=f"{routed.line} ({routed.name})" if routed.line else "")]
     if apart is None:
         return [Finding(0, "loss", "certain rows", "forward-other", said)] if differ else []
     kind = fed_kind(f, apart) if apart.fed else ""

@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..record.trail import FED
+from ..record.trail import FED, ROUTED
 from .facts import UserFacts
 
 NORM = 1e-4  # relative: a row's norm that is the reference's
@@ -85,7 +85,7 @@ def _pairs(mine: List[Any], ref: List[Any]) -> List[Tuple[Any, Any]]:
     out = []
     for m in mine:
         o = named.get(m.named) or keyed.get(m.key)
-        if o is not None and not (m.key[2] == FED and m.key[1] == 0):
+        if o is not None and not (m.key[2] == FED and m.key[1] == 0) and m.key[2] != ROUTED:
             out.append((m, o))
     return out
 

@@ -21,6 +21,8 @@ from .where import caller_line
 
 SAMPLE = 32  # values kept per row, at fixed positions spread over it
 FED = "fed"  # the kind of the first mark: the outermost call's own input rows
+ROUTED = "routed"  # a submodule's input of another number of rows: the tokens routed to it, each its own row
+TOKENS = 4096  # tokens kept per routed call at most (more: none kept)
 MARKS = 600  # marks kept per call at most (a deep model's first modules are where a forward goes apart)
 
 
@@ -143,6 +145,10 @@ class Trail:
         rows = row_marks(x, self.n, self._tokens)
         if rows:
             self.marks.append(Mark((kind, k, "input"), shown, line, rows, call, eps_of(x)))
+        elif isinstance(x, torch.Tensor) and x.dim() == 2 and x.is_floating_point() and 0 < x.shape[0] <= TOKENS:  # an expert's tokens
+            routed = row_marks(x, x.shape[0])
+            if routed:
+                self.marks.append(Mark((kind, k, ROUTED), shown, line, routed, call, eps_of(x)))
 
         def ended(_module, _args, output):
             handle.remove()

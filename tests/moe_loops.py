@@ -1,0 +1,82 @@
+"""A mixture-of-experts loop under DDP as Mixtral-style code writes it (``tests/test_routed_tokens.py``):
+the batch's tokens flattened (``view(-1, d)``), a top-1 router, each expert called on the tokens routed
+to it (``expert(h[idx])``), a capacity per expert counted over the global batch (each rank's priorities
+offset by the earlier ranks' counts), router noise drawn for the global batch. ``bug`` changes the ranks'
+loop only: ``capacity_local`` counts the capacity and the priorities over the rank's own tokens;
+``noise_per_rank`` draws the router noise from a seed of the rank's own."""
+import math
+
+import torch
+import torch.distributed as tdist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+D, E, T, B, STEPS = 8, 4, 6, 8, 3
+
+
+class MoE(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = nn.Linear(D, D)
+        self.router = nn.Linear(D, E, bias=False)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(D, 2 * D), nn.Tanh(), nn.Linear(2 * D, D))
+                                     for _ in range(E))
+        self.out = nn.Linear(D, 1)
+
+    def forward(self, x, noise, offset, capacity):
+        h = self.inp(x).reshape(-1, D)
+        probs = (self.router(h) + noise).softmax(-1)
+        top, idx = probs.max(-1)
+        onehot = nn.functional.one_hot(idx, E)
+        priority = (torch.cumsum(onehot, 0) + offset) * onehot
+        keep = priority.sum(-1) <= capacity
+        y = torch.zeros_like(h)
+        for e, expert in enumerate(self.experts):
+            at = torch.nonzero((idx == e) & keep).squeeze(-1)
+            if at.numel():
+                y = y.index_add(0, at, expert(h[at]) * top[at, None])
+        return self.out(h + y).reshape(x.shape[:2]), onehot
+
+
+def batch(step: int):
+    g = torch.Generator().manual_seed(70 + step)
+    x = torch.randn(B, T, D, generator=g)
+    return x, x[..., 0] * x[..., 1], 0.5 * torch.randn(B * T, E, generator=g)
+
+
+def _loop(model, run, rows, counts, bug=None) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    capacity = math.ceil(1.0 * B * T / E)
+    for step in range(STEPS):
+        x, y, noise = batch(step)
+        x, y, noise = rows(x), rows(y), rows(noise.reshape(B, T, E)).reshape(-1, E)
+        if bug == "noise_per_rank":
+            noise = 0.5 * torch.randn(noise.shape, generator=torch.Generator().manual_seed(1000 + tdist.get_rank()))
+        with torch.no_grad():
+            _, onehot = model(x, noise, 0, float("inf"))
+        offset = counts(onehot.sum(0))
+        cap = capacity
+        if bug == "capacity_local":
+            offset, cap = 0, math.ceil(1.0 * x.shape[0] * T / E)
+        pred, _ = run(x, noise, offset, cap)
+        nn.functional.mse_loss(pred, y).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def train(world_size: int, bug=None) -> None:
+    """A rank: its block of sequences; the earlier ranks' expert counts all-gathered for the priorities."""
+    r, n = tdist.get_rank(), B // world_size
+    model = MoE()
+
+    def counts(local):
+        every = [torch.zeros_like(local) for _ in range(world_size)]
+        tdist.all_gather(every, local)
+        return sum(every[:r], torch.zeros_like(local))
+    _loop(model, DDP(model, find_unused_parameters=True), lambda t: t[r * n:(r + 1) * n], counts, bug)
+
+
+def reference(world_size: int) -> None:
+    model = MoE()
+    _loop(model, model, lambda t: t, lambda c: torch.zeros_like(c))

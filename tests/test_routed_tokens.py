@@ -1,0 +1,31 @@
+"""The tokens a mixture of experts routes (``tests/moe_loops.py``, real 2-rank DDP loops): where each expert
+is called on the tokens routed to it, the tokens it received on all ranks together are the reference's;
+a capacity counted over the rank's own tokens, or router noise drawn per rank, is named by the first expert
+that received other tokens."""
+import functools
+
+import pytest
+
+from pytest_mgpu import ParityError, world_sizes
+from tests import moe_loops as L
+
+
+def first_cause(text: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith("likely cause: "))
+
+
+@world_sizes(2)
+def test_a_correct_mixture_of_experts_passes(dist):
+    assert dist.assert_same_training(L.train, L.reference, dist.world_size, steps=L.STEPS, record="optimizer").passed
+
+
+@world_sizes(2)
+@pytest.mark.parametrize("bug,what,fact", [
+    ("capacity_local", "the tokens routed to a module differ", "received other tokens"),
+    ("noise_per_rank", "the tokens routed to a module differ", "received other tokens"),
+])
+def test_the_routing_that_differs_is_named(dist, bug, what, fact):
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(functools.partial(L.train, bug=bug), L.reference, dist.world_size, steps=L.STEPS, record="optimizer")
+    line = first_cause(str(info.value))
+    assert line.startswith("likely cause: " + what) and fact in line and "moe_loops.py:" in line, line
