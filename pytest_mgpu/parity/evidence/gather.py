@@ -66,7 +66,9 @@ def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Lay
     facts.rank_scaler = [[side.steps[i].scaler for side in ranks] for i in range(steps)]
     facts.ref_scaler = [s.scaler for s in ref.steps]
     facts.ref_probes = list(ref.steps[0].probes) if ref.steps else []
-    facts.rank_probes = [list(ranks[r].steps[0].probes) if ranks[r].steps else [] for r in first]
+    # a pipeline's first stage returns activations, not the model's outputs: nothing the reference's match
+    facts.rank_probes = [] if layout.pipeline else [list(ranks[r].steps[0].probes) if ranks[r].steps else []
+                                                    for r in first]
     _holdings(facts, ranks, ref, layout)
     facts.recomputed = any(side.recomputed for side in ranks)
     facts.batchnorm_rows = (max((side.batchnorm_rows for side in ranks), default=0), ref.batchnorm_rows)

@@ -33,7 +33,9 @@ class Layout:
     experts_by_hand: bool = False  # the tensors the peers' pieces make are experts (set once mapping found them)
 
     @classmethod
-    def of(cls, ranks: List[SideLog]) -> "Layout":
+    def of(cls, ranks: List[SideLog], tied: FrozenSet[str] = frozenset()) -> "Layout":
+        """``tied``: tensors that ranks holding other parts each keep a copy of (a pipeline's tied
+        embedding): held by several stages, not what makes them data-parallel replicas of a part."""
         by_names: Dict[Tuple[str, ...], List[int]] = {}
         for r, side in enumerate(ranks):
             names = tuple(sorted(side.steps[0].params)) if side.steps else ()
@@ -46,7 +48,7 @@ class Layout:
             peers = sorted({r} | {p for p in side.tp_peers if 0 <= p < len(ranks)} - placed)
             placed.update(peers)
             groups.append(peers)
-        sets = [set(names) for names in by_names]
+        sets = [set(names) - tied for names in by_names]
         shared = frozenset(set.intersection(*sets)) if len(sets) > 1 else frozenset()
         return cls(list(by_names.values()), groups, shared=shared)
 

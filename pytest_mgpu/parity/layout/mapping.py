@@ -36,6 +36,7 @@ class Mapped:
     sharded: Dict[str, str] = field(default_factory=dict)  # tensors put together from hand shards -> how
     pieces_off: Dict[str, List[int]] = field(default_factory=dict)  # name -> ranks whose starting piece is not their slice
     misplaced: Dict[str, str] = field(default_factory=dict)  # name -> the reference's rows a rank holds, not its block
+    untied: Dict[str, str] = field(default_factory=dict)  # "rank r: name" -> the one reference tensor of its shape
 
     @property
     def failed(self) -> bool:
@@ -75,6 +76,13 @@ class Mapped:
         run = self.ranks[0].steps[0].where.get("forward", ()) if self.ranks and self.ranks[0].steps else ()
         at = f" (the ranks' model runs forward at {run[0]})" if run else ""
         head = "not compared (no counterpart in the reference): " + "; ".join(parts) + at + "."
+        if self.untied and not self.mismatched:
+            mine, theirs = next(iter(self.untied.items()))
+            return (f"{head}\nlikely cause: a copy of a tied weight starts from other values than the tensor it "
+                    f"copies ({mine} has the shape of the reference's {theirs}, which no other tensor of the "
+                    f"reference has, and starts otherwise). Fix: start each copy of a tied weight equal to it (copy "
+                    f"or all-reduce it from the rank that holds it before the first step), as the stage holding "
+                    f"{theirs} starts")
         if self.misplaced:
             name, words = next(iter(self.misplaced.items()))
             return (f"{head}\nlikely cause: a rank holds another slice of a weight sharded by hand than its own "
@@ -96,13 +104,19 @@ def map_sides(ranks: List[SideLog], ref: SideLog, shards: Optional[Shards] = Non
     notes: List[str] = []
     unmapped: List[str] = []
     named = []
+    tied: set = set()  # the reference's tensors that ranks holding other parts each keep a copy of
+    untied: Dict[str, str] = {}
     for r, side in enumerate(ranks):
         key = tuple(side.steps[0].params)
         if key not in maps:
             maps[key] = name_map({n: _shape(t) for n, t in side.steps[0].params.items()}, want, side.holders,
                                  ref.holders, partial)
+            tied |= _tied(maps[key], getattr(ref, "aliases", {}), want)
+            tied |= _tied_copies(maps[key], side.steps[0].params, ref.steps[0].params)
             notes += [n for n in maps[key].notes if n not in notes]
         unmapped += [f"rank {r}: {n}" if len(ranks) > 1 else n for n in maps[key].unmapped]
+        untied.update({f"rank {r}: {n}" if len(ranks) > 1 else n: t for n, t in
+                       _shaped_as(maps[key].unmapped, side.steps[0].params, ref.steps[0].params).items()})
         named.append(_renamed(side, maps[key]))
     starts = [side.steps[0].params for side in named]
     sharding = find(starts, ref.steps[0].params, spec)
@@ -111,9 +125,61 @@ def map_sides(ranks: List[SideLog], ref: SideLog, shards: Optional[Shards] = Non
     mapped = _gathered(named, sharding) if sharding.rules else named
     held = {n for side in mapped for n in side.steps[0].params}
     missing = [n for n in ref.steps[0].params if n not in held] if not unmapped else []
-    return Mapped(mapped, Layout.of(mapped), notes + describe(sharding), unmapped, missing, sharding.mismatched,
+    return Mapped(mapped, Layout.of(mapped, frozenset(tied)), notes + describe(sharding), unmapped, missing, sharding.mismatched,
                   {n: "by shards=" if r.join else f"along dim {r.dim}" for n, r in sharding.rules.items()},
-                  {n: r for n, r in off.items() if n in sharding.rules}, sharding.misplaced)
+                  {n: r for n, r in off.items() if n in sharding.rules}, sharding.misplaced, untied)
+
+
+def _tied(names: NameMap, aliases: Dict[str, str], want: Dict[str, Tuple[int, ...]]) -> set:
+    """A rank's tensor named as one of the reference's tied weights' other names (a pipeline's last stage
+    holding the output layer that the reference ties to the first stage's embedding) maps to the tensor
+    the reference records it by: the ranks keep the copies equal, and each is judged against it."""
+    found = {n: aliases[names.convert(n)] for n in names.unmapped if aliases.get(names.convert(n)) in want}
+    if not found:
+        return set()
+    names.to_ref.update(found)
+    names.unmapped = [n for n in names.unmapped if n not in found]
+    names.notes.append("tied weights: " + "; ".join(f"{n} is the reference's {r} (one tensor there)"
+                                                   for n, r in list(found.items())[:2]))
+    return set(found.values())
+
+
+def _tied_copies(names: NameMap, mine: Dict[str, Any], ref: Dict[str, Any]) -> set:
+    """A rank's tensor with no counterpart by name that starts as exactly one of the reference's tensors
+    of its shape, values not all alike (a pipeline's last stage holding its own copy of the word
+    embedding, started equal to the first stage's, where the reference uses the embedding itself): that
+    tensor's copy, judged against it."""
+    import torch
+
+    found = {}
+    for n in names.unmapped:
+        t = mine.get(n)
+        if t is None or t.numel() < 2 or not t.is_floating_point() or bool((t == t.reshape(-1)[0]).all()):
+            continue
+        same = [r for r, u in ref.items() if u is not None and u.shape == t.shape and u.dtype == t.dtype
+                and torch.equal(u, t)]
+        if len(same) == 1:
+            found[n] = same[0]
+    if found:
+        names.to_ref.update(found)
+        names.unmapped = [n for n in names.unmapped if n not in found]
+        names.notes.append("tied copies: " + "; ".join(f"{n} starts as the reference's {r} and is judged as a copy "
+                                                       "of it" for n, r in list(found.items())[:2]))
+    return set(found.values())
+
+
+def _shaped_as(unmapped: List[str], mine: Dict[str, Any], ref: Dict[str, Any]) -> Dict[str, str]:
+    """The rank's unmapped tensors (values not all alike) of the shape and dtype of exactly one of the
+    reference's tensors: a tied copy that did not start equal, where the loop means one."""
+    out = {}
+    for n in unmapped:
+        t = mine.get(n)
+        if t is None or t.numel() < 2 or not t.is_floating_point() or bool((t == t.reshape(-1)[0]).all()):
+            continue
+        same = [r for r, u in ref.items() if u is not None and u.shape == t.shape and u.dtype == t.dtype]
+        if len(same) == 1:
+            out[n] = same[0]
+    return out
 
 
 def _misread(sharding: Sharding, off: Dict[str, List[int]], starts: List[Dict[str, Any]], ref: Dict[str, Any]
