@@ -154,7 +154,7 @@ def _tied_copies(names: NameMap, mine: Dict[str, Any], ref: Dict[str, Any]) -> s
     found = {}
     for n in names.unmapped:
         t = mine.get(n)
-        if t is None or t.numel() < 2 or not t.is_floating_point() or bool((t == t.reshape(-1)[0]).all()):
+        if t is None or not _varied(t):
             continue
         same = [r for r, u in ref.items() if u is not None and u.shape == t.shape and u.dtype == t.dtype
                 and torch.equal(u, t)]
@@ -168,13 +168,19 @@ def _tied_copies(names: NameMap, mine: Dict[str, Any], ref: Dict[str, Any]) -> s
     return set(found.values())
 
 
+def _varied(t: Any) -> bool:
+    """A floating tensor whose values are not all alike: its values say which tensor it is (a zeroed or
+    constant one could be any of its shape)."""
+    return t.numel() > 1 and t.is_floating_point() and not bool((t == t.reshape(-1)[0]).all())
+
+
 def _shaped_as(unmapped: List[str], mine: Dict[str, Any], ref: Dict[str, Any]) -> Dict[str, str]:
     """The rank's unmapped tensors (values not all alike) of the shape and dtype of exactly one of the
     reference's tensors: a tied copy that did not start equal, where the loop means one."""
     out = {}
     for n in unmapped:
         t = mine.get(n)
-        if t is None or t.numel() < 2 or not t.is_floating_point() or bool((t == t.reshape(-1)[0]).all()):
+        if t is None or not _varied(t):
             continue
         same = [r for r, u in ref.items() if u is not None and u.shape == t.shape and u.dtype == t.dtype]
         if len(same) == 1:
