@@ -58,13 +58,14 @@ def _unmatched(ref: List[Row], mine: List[Row], eps: float = 0.0) -> Tuple[int, 
     used = [False] * len(pool)
     missing = 0
     for row in ref:
-        lo = bisect_left(norms, row[0] - NORM * max(abs(row[0]), 1e-30) - 1e-30)
-        hit = next((i for i in range(lo, len(pool)) if norms[i] <= row[0] * (1 + NORM) + 1e-30 and not used[i]
-                    and not rows_apart(row, pool[i], eps)), None)
-        if hit is None:
-            missing += 1
+        width = NORM * max(abs(row[0]), 1e-30) + 1e-30
+        i = bisect_left(norms, row[0] - width)
+        while i < len(pool) and norms[i] <= row[0] + width and (used[i] or rows_apart(row, pool[i], eps)):
+            i += 1
+        if i < len(pool) and norms[i] <= row[0] + width:
+            used[i] = True
         else:
-            used[hit] = True
+            missing += 1
     return missing, used.count(False)
 
 

@@ -134,7 +134,9 @@ def _tied(names: NameMap, aliases: Dict[str, str], want: Dict[str, Tuple[int, ..
     """A rank's tensor named as one of the reference's tied weights' other names (a pipeline's last stage
     holding the output layer that the reference ties to the first stage's embedding) maps to the tensor
     the reference records it by: the ranks keep the copies equal, and each is judged against it."""
-    found = {n: aliases[names.convert(n)] for n in names.unmapped if aliases.get(names.convert(n)) in want}
+    held = set(names.to_ref.values())  # a tensor the rank holds under its own name is no copy's
+    found = {n: aliases[names.convert(n)] for n in names.unmapped
+             if aliases.get(names.convert(n)) in want and aliases[names.convert(n)] not in held}
     if not found:
         return set()
     names.to_ref.update(found)
@@ -151,13 +153,14 @@ def _tied_copies(names: NameMap, mine: Dict[str, Any], ref: Dict[str, Any]) -> s
     tensor's copy, judged against it."""
     import torch
 
+    held = set(names.to_ref.values())  # a tensor the rank holds under its own name is no copy's
     found = {}
     for n in names.unmapped:
         t = mine.get(n)
         if t is None or not _varied(t):
             continue
         same = [r for r, u in ref.items() if u is not None and u.shape == t.shape and u.dtype == t.dtype
-                and torch.equal(u, t)]
+                and r not in held and torch.equal(u, t)]
         if len(same) == 1:
             found[n] = same[0]
     if found:
