@@ -72,6 +72,25 @@ def pairs(f: UserFacts) -> Tuple[List[Pair], int]:
     return out, differ
 
 
+def _outputs_apart(f: UserFacts) -> Tuple[int, int]:
+    """(rank rows whose outputs differ from the reference row with their input, rank rows matched): the
+    outputs alone, where no gradient reached them (the model computed its loss inside its forward)."""
+    ref: Dict[str, Any] = {}
+    for p in f.ref_probes:
+        for r, o in zip(p.rows, p.out):
+            k = f"{r:.12g}"
+            ref[k] = None if k in ref else o
+    differ = n = 0
+    for probes in f.rank_probes:
+        for p in probes:
+            for r, o in zip(p.rows, p.out):
+                theirs = ref.get(f"{r:.12g}")
+                if theirs is not None:
+                    n += 1
+                    differ += not _same_output(o, theirs, math.prod(p.shape[1:]) if len(p.shape) > 1 else 1)
+    return differ, n
+
+
 def split_pairs(f: UserFacts) -> Tuple[List[Pair], int]:
     """Under a sequence split (rank r fed part r of every reference row): each rank row against its part of
     the reference row's outputs and gradient (positions r x n to (r + 1) x n); as ``pairs``."""
@@ -109,6 +128,9 @@ def findings(report: Any, f: UserFacts) -> List[Finding]:
     found, differ = split_pairs(f) if f.sequence_split else pairs(f)
     if differ or (not found and not any(p.out for per_rank in f.rank_probes for p in per_rank)):
         return _forward(report, f, differ, differ + len(found))  # outputs that differ, or none probed: the trail
+    if not found and not f.sequence_split:  # outputs probed, no gradient reached them: a loss the model returns
+        differ, n = _outputs_apart(f)
+        return _forward(report, f, differ, n) if differ else []
     if len(found) < 2:
         return []
     said = _positions(found) or _rows_scaled(found, f)

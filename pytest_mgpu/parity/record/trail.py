@@ -125,7 +125,9 @@ class Trail:
     def given(self, kwargs: dict) -> None:
         """The outermost call's keyword arguments, where its rows came from a positional one."""
         top = self.marks[0].key[0] if self.marks else ""
-        more = fed_marks(top, ((), kwargs), self.n, first=len(self.marks))
+        had = {m.name for m in self.marks if m.key[2] == FED}  # read already where the call began
+        more = [m for m in fed_marks(top, ((), {k: v for k, v in kwargs.items() if k not in had}), self.n,
+                                     first=len(self.marks))]
         at = len([m for m in self.marks if m.key[2] == FED])  # before any submodule's marks
         self.marks[at:at] = more
 

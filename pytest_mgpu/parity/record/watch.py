@@ -38,7 +38,7 @@ from .probe import Probe, attach, loss_backward
 from .trail import Trail, holder_of
 from .scaler import scaler_calls
 from .sync import UNSYNCED_LAST, ddp_sync_off, fsdp2_sync
-from .where import EVAL_FORWARD, TRAIN_NO_GRAD, add, merged, user_line
+from .where import EVAL_FORWARD, TRAIN_NO_GRAD, add, call_kwargs, merged, user_line
 
 
 @dataclass
@@ -162,7 +162,8 @@ class Watch:
         if self.light:
             return None
         self.ddp_unsynced = ddp_sync_off(module)
-        x = _first_tensor(args, kwargs or {})
+        kwargs = kwargs or call_kwargs()  # model(**batch): its keywords, so that its trail starts with it
+        x = _first_tensor(args, kwargs)
         self._by_keyword = x is None and self._ends is not None  # only keywords (model(**batch)): read at its end
         if not self._by_keyword:
             self._rows(module, x, (args, kwargs or {}))

@@ -114,3 +114,19 @@ def merged(*parts: Dict[str, List[str]]) -> Dict[str, List[str]]:
 def frozen(where: Dict[str, List[str]]) -> Where:
     """The locations as a step keeps them (small, picklable)."""
     return {k: tuple(v) for k, v in where.items()}
+
+
+def call_kwargs(depth: int = 6) -> dict:
+    """The keyword arguments of the module call whose global forward pre-hook runs now: torch gives a
+    global pre-hook the positional ones only (``model(**batch)`` passes none), so they are read from the
+    frame of ``Module._call_impl`` that called the hook; {} where no such frame is found near it."""
+    frame: Optional[FrameType] = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            break
+        if frame.f_code.co_name == "_call_impl" and frame.f_code.co_filename.endswith(os.path.join("nn", "modules",
+                                                                                                    "module.py")):
+            kwargs = frame.f_locals.get("kwargs")
+            return kwargs if isinstance(kwargs, dict) else {}
+        frame = frame.f_back
+    return {}
