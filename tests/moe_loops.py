@@ -3,7 +3,8 @@ the batch's tokens flattened (``view(-1, d)``), a top-1 router, each expert call
 to it (``expert(h[idx])``), a capacity per expert counted over the global batch (each rank's priorities
 offset by the earlier ranks' counts), router noise drawn for the global batch. ``bug`` changes the ranks'
 loop only: ``capacity_local`` counts the capacity and the priorities over the rank's own tokens;
-``noise_per_rank`` draws the router noise from a seed of the rank's own."""
+``noise_per_rank`` draws the router noise from a seed of the rank's own. ``keywords``: the model is called
+as a transformers model is, with keywords alone, and returns the loss it computes."""
 import math
 
 import torch
@@ -24,7 +25,7 @@ class MoE(nn.Module):
                                      for _ in range(E))
         self.out = nn.Linear(D, 1)
 
-    def forward(self, x, noise, offset, capacity):
+    def forward(self, x, noise, offset, capacity, target=None):
         h = self.inp(x).reshape(-1, D)
         probs = (self.router(h) + noise).softmax(-1)
         top, idx = probs.max(-1)
@@ -36,7 +37,8 @@ class MoE(nn.Module):
             at = torch.nonzero((idx == e) & keep).squeeze(-1)
             if at.numel():
                 y = y.index_add(0, at, expert(h[at]) * top[at, None])
-        return self.out(h + y).reshape(x.shape[:2]), onehot
+        pred = self.out(h + y).reshape(x.shape[:2])
+        return (nn.functional.mse_loss(pred, target), onehot) if target is not None else (pred, onehot)
 
 
 def batch(step: int):
@@ -45,7 +47,7 @@ def batch(step: int):
     return x, x[..., 0] * x[..., 1], 0.5 * torch.randn(B * T, E, generator=g)
 
 
-def _loop(model, run, rows, counts, bug=None) -> None:
+def _loop(model, run, rows, counts, bug=None, keywords=False) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     capacity = math.ceil(1.0 * B * T / E)
     for step in range(STEPS):
@@ -59,13 +61,17 @@ def _loop(model, run, rows, counts, bug=None) -> None:
         cap = capacity
         if bug == "capacity_local":
             offset, cap = 0, math.ceil(1.0 * x.shape[0] * T / E)
-        pred, _ = run(x, noise, offset, cap)
-        nn.functional.mse_loss(pred, y).backward()
+        if keywords:  # as a transformers model is called: keywords only, the loss computed inside
+            loss, _ = run(x=x, noise=noise, offset=offset, capacity=cap, target=y)
+        else:
+            pred, _ = run(x, noise, offset, cap)
+            loss = nn.functional.mse_loss(pred, y)
+        loss.backward()
         opt.step()
         opt.zero_grad()
 
 
-def train(world_size: int, bug=None) -> None:
+def train(world_size: int, bug=None, keywords=False) -> None:
     """A rank: its block of sequences; the earlier ranks' expert counts all-gathered for the priorities."""
     r, n = tdist.get_rank(), B // world_size
     model = MoE()
@@ -74,9 +80,9 @@ def train(world_size: int, bug=None) -> None:
         every = [torch.zeros_like(local) for _ in range(world_size)]
         tdist.all_gather(every, local)
         return sum(every[:r], torch.zeros_like(local))
-    _loop(model, DDP(model, find_unused_parameters=True), lambda t: t[r * n:(r + 1) * n], counts, bug)
+    _loop(model, DDP(model, find_unused_parameters=True), lambda t: t[r * n:(r + 1) * n], counts, bug, keywords)
 
 
-def reference(world_size: int) -> None:
+def reference(world_size: int, keywords=False) -> None:
     model = MoE()
-    _loop(model, model, lambda t: t, lambda c: torch.zeros_like(c))
+    _loop(model, model, lambda t: t, lambda c: torch.zeros_like(c), keywords=keywords)

@@ -29,3 +29,15 @@ def test_the_routing_that_differs_is_named(dist, bug, what, fact):
         dist.assert_same_training(functools.partial(L.train, bug=bug), L.reference, dist.world_size, steps=L.STEPS, record="optimizer")
     line = first_cause(str(info.value))
     assert line.startswith("likely cause: " + what) and fact in line and "moe_loops.py:" in line, line
+
+
+@world_sizes(2)
+def test_a_model_called_with_keywords_that_returns_its_loss_is_read_inside(dist):
+    """``model(x=..., target=...)`` returning the loss (a transformers model's call): the trail starts with
+    the call, and outputs no gradient reached are compared as they are."""
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(functools.partial(L.train, bug="noise_per_rank", keywords=True),
+                                  functools.partial(L.reference, keywords=True), dist.world_size, steps=L.STEPS,
+                                  record="optimizer")
+    line = first_cause(str(info.value))
+    assert line.startswith("likely cause: the tokens routed to a module differ") and "received other tokens" in line, line
