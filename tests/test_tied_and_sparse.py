@@ -15,9 +15,12 @@ def first_cause(text: str) -> str:
 
 
 @world_sizes(2)
-def test_a_pipeline_with_a_tied_embedding_copy_passes(dist):
-    result = dist.assert_same_training(L.pipeline, L.pipeline_reference, dist.world_size, steps=L.STEPS,
-                                       record="optimizer")
+@pytest.mark.parametrize("tied_modules", [False, True], ids=["embedding-used", "modules-tied"])
+def test_a_pipeline_with_a_tied_embedding_copy_passes(dist, tied_modules):
+    """The reference uses the embedding as its output layer, or ties an output module to it (one tensor
+    named twice): either way the last stage's copy is judged against it."""
+    result = dist.assert_same_training(L.pipeline, functools.partial(L.pipeline_reference, tied_modules=tied_modules),
+                                       dist.world_size, steps=L.STEPS, record="optimizer")
     assert result.passed
 
 

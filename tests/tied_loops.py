@@ -73,8 +73,20 @@ def pipeline(world_size: int, bug=None) -> None:
         opt.zero_grad()
 
 
-def pipeline_reference(world_size: int) -> None:
-    model = Stage(first=True, last=True)
+class TiedModel(Stage):
+    """One device, GPT-2 style: an output layer whose weight is the embedding's (one tensor, two names)."""
+
+    def __init__(self):
+        super().__init__(first=True, last=True)
+        self.output = nn.Linear(D, V, bias=False)
+        self.output.weight = self.embedding.weight
+
+    def tied(self) -> torch.Tensor:
+        return self.output.weight
+
+
+def pipeline_reference(world_size: int, tied_modules: bool = False) -> None:
+    model = TiedModel() if tied_modules else Stage(first=True, last=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(STEPS):
         x, y = tokens(step)
