@@ -100,6 +100,7 @@ def test_how_the_update_differs_names_the_part_of_the_optimizer(dist, bug):
     text = str(info.value)
     line = first_cause(text)
     assert line.startswith("likely cause: " + what) and evidence in text.split("likely causes:")[1], line
+    assert "(optimizer.step; Trust.step at pass_loops.py:" in text.split("likely causes:")[1], "where its step is written"
 
 
 @world_sizes(2)

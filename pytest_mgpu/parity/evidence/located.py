@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Dict, Final, List, Tuple
 
 from ..record.sync import UNSYNCED_LAST
-from ..record.where import EVAL_FORWARD, TRAIN_NO_GRAD
+from ..record.where import EVAL_FORWARD, STEP_DEFINED, TRAIN_NO_GRAD
 from .facts import REFERENCE, UserFacts
 from .finding import Finding
 
@@ -83,7 +83,9 @@ def located(x: Finding, f: UserFacts) -> str:
     for kind in kinds:
         lines, whose = _side(f, x, kind)
         if lines:
-            said.append(f"{joined(lines[:SHOWN])} ({kind}{' in ' + whose if whose else ''})")
+            own = _side(f, x, STEP_DEFINED)[0] if kind == "optimizer.step" and x.signal.startswith("update") else ()
+            call = f"{kind}; {own[0]}" if own else kind  # an optimizer of the user's own: where its step is written
+            said.append(f"{joined(lines[:SHOWN])} ({call}{' in ' + whose if whose else ''})")
     if not said:
         return ""
     if len(said) == 2:

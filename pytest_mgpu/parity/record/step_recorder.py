@@ -31,7 +31,7 @@ from .recorder import (SideLog, StepLog, clean_name, describe, dtype_name, fsdp1
 from .fsdp1_flat import expand, is_flat, units
 from .prints import weights
 from .watch import Inputs, Watch
-from .where import add, frozen, user_line
+from .where import STEP_DEFINED, add, frozen, step_defined, user_line
 
 
 class StopTraining(BaseException):
@@ -130,6 +130,7 @@ class StepRecorder:
             self.side.steps.append(StepLog(seen.loss(), grads, params, backwards=len(seen.losses), lrs=lrs))
         else:
             add(seen.where, "optimizer.step", user_line())
+            add(seen.where, STEP_DEFINED, step_defined(optimizer))
             self.side.steps.append(StepLog(
                 seen.loss(), grads, params, seen.rows, len(seen.losses), lrs, seen.clips, optimizer_state(optimizer),
                 hyperparameters(optimizer), untrained_state(prefixed(self.watch.model_roots(), merge=False), named,

@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Tuple
 DEPTH = 60  # frames walked at most: deeper than any loop's call into torch
 # What a location is of: the hooks that record one.
 KINDS = ("forward", "backward", "clip_grad_norm_", "optimizer.step", "scheduler.step")
+STEP_DEFINED = "optimizer defined"  # an optimizer class of the user's own: where its step is written
 # Kinds that say how a forward ran, beside its location as a "forward" or "forward under no_grad":
 EVAL_FORWARD = "forward in eval mode"  # a training forward (with gradients), some modules in eval()
 TRAIN_NO_GRAD = "no_grad forward in train mode"  # a forward without gradients (validation) in train()
@@ -130,3 +131,20 @@ def call_kwargs(depth: int = 6) -> dict:
             return kwargs if isinstance(kwargs, dict) else {}
         frame = frame.f_back
     return {}
+
+
+_STEPS: Dict[type, str] = {}  # optimizer class -> where its step is written ("" where not the user's)
+
+
+def step_defined(optimizer) -> str:
+    """``"Muon.step at train.py:40"`` where the optimizer's ``step`` is written in the user's code (an
+    optimizer of their own); "" for torch's and installed packages' optimizers."""
+    import inspect
+
+    cls = type(optimizer)
+    if cls not in _STEPS:
+        step = inspect.unwrap(getattr(cls, "step", None) or (lambda: None))  # torch wraps step (profiling)
+        code = getattr(step, "__code__", None)
+        _STEPS[cls] = "" if code is None or library(code.co_filename) else \
+            f"{cls.__name__}.step at {shown(code.co_filename)}:{code.co_firstlineno}"
+    return _STEPS[cls]
