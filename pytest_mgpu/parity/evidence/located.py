@@ -73,6 +73,13 @@ def joined(lines) -> str:
     return ", ".join(out)
 
 
+def _defined(f: UserFacts) -> str:
+    """Where the step of the loop's one optimizer of its own is written (``Muon.step at train.py:40``); ""
+    where the loop steps none, or several (which one made the update is not told apart)."""
+    seen = {line for per_step in f.rank_where for where in per_step for line in where.get(STEP_DEFINED, ())}
+    return next(iter(seen)) if len(seen) == 1 else ""
+
+
 def located(x: Finding, f: UserFacts) -> str:
     """``"at train.py:84 (scheduler.step)"`` for the finding's phase, ``"at train.py:80 (backward) to :83
     (optimizer.step)"`` for the gradients; "" where no call made it or none was seen."""
@@ -83,8 +90,8 @@ def located(x: Finding, f: UserFacts) -> str:
     for kind in kinds:
         lines, whose = _side(f, x, kind)
         if lines:
-            own = _side(f, x, STEP_DEFINED)[0] if kind == "optimizer.step" and x.signal.startswith("update") else ()
-            call = f"{kind}; {own[0]}" if own else kind  # an optimizer of the user's own: where its step is written
+            own = _defined(f) if kind == "optimizer.step" and x.signal.startswith("update") else ""
+            call = f"{kind}; {own}" if own else kind  # an optimizer of the user's own: where its step is written
             said.append(f"{joined(lines[:SHOWN])} ({call}{' in ' + whose if whose else ''})")
     if not said:
         return ""
