@@ -3,7 +3,8 @@ the batch's tokens flattened (``view(-1, d)``), a top-1 router, each expert call
 to it (``expert(h[idx])``), a capacity per expert counted over the global batch (each rank's priorities
 offset by the earlier ranks' counts), router noise drawn for the global batch. ``bug`` changes the ranks'
 loop only: ``capacity_local`` counts the capacity and the priorities over the rank's own tokens;
-``noise_per_rank`` draws the router noise from a seed of the rank's own. ``keywords``: the model is called
+``noise_per_rank`` draws the router noise from a seed of the rank's own; ``jitter_per_rank`` multiplies
+the router's input by jitter from a seed of the rank's own. ``keywords``: the model is called
 as a transformers model is, with keywords alone, and returns the loss it computes."""
 import math
 
@@ -25,9 +26,9 @@ class MoE(nn.Module):
                                      for _ in range(E))
         self.out = nn.Linear(D, 1)
 
-    def forward(self, x, noise, offset, capacity, target=None):
+    def forward(self, x, noise, offset, capacity, target=None, jitter=None):
         h = self.inp(x).reshape(-1, D)
-        probs = (self.router(h) + noise).softmax(-1)
+        probs = (self.router(h if jitter is None else h * jitter) + noise).softmax(-1)
         top, idx = probs.max(-1)
         onehot = nn.functional.one_hot(idx, E)
         priority = (torch.cumsum(onehot, 0) + offset) * onehot
@@ -63,8 +64,10 @@ def _loop(model, run, rows, counts, bug=None, keywords=False) -> None:
             offset, cap = 0, math.ceil(1.0 * x.shape[0] * T / E)
         if keywords:  # as a transformers model is called: keywords only, the loss computed inside
             loss, _ = run(x=x, noise=noise, offset=offset, capacity=cap, target=y)
-        else:
-            pred, _ = run(x, noise, offset, cap)
+        else:  # jitter_per_rank: Switch-style jitter on the router's input, drawn from the rank's seed
+            jitter = torch.empty(x.shape[0] * T, D).uniform_(0.8, 1.2, generator=torch.Generator().manual_seed(
+                2000 + tdist.get_rank())) if bug == "jitter_per_rank" else None
+            pred, _ = run(x, noise, offset, cap, jitter=jitter)
             loss = nn.functional.mse_loss(pred, y)
         loss.backward()
         opt.step()

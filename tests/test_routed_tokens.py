@@ -1,7 +1,8 @@
 """The tokens a mixture of experts routes (``tests/moe_loops.py``, real 2-rank DDP loops): where each expert
 is called on the tokens routed to it, the tokens it received on all ranks together are the reference's;
 a capacity counted over the rank's own tokens, or router noise drawn per rank, is named by the first expert
-that received other tokens."""
+that received other tokens; jitter on the router's input drawn per rank, by the code before the router (the
+batch's tokens flattened, ``view(-1, d)``, are read as its rows)."""
 import functools
 
 import pytest
@@ -23,6 +24,7 @@ def test_a_correct_mixture_of_experts_passes(dist):
 @pytest.mark.parametrize("bug,what,fact", [
     ("capacity_local", "the tokens routed to a module differ", "received other tokens"),
     ("noise_per_rank", "the tokens routed to a module differ", "received other tokens"),
+    ("jitter_per_rank", "the model's own code makes a module's input otherwise", "router's input differs first"),
 ])
 def test_the_routing_that_differs_is_named(dist, bug, what, fact):
     with pytest.raises(ParityError) as info:
