@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.ahead import Lane, ahead
+
 # pytester's in-process runs drop modules first imported inside them; torch's C extension cannot be
 # imported twice in one process, so import it (and what the inner runs use) here, once.
 import torch  # noqa: F401
@@ -78,6 +80,18 @@ def wait_for_no_processes(token: str, timeout: float = 10.0) -> list[int]:
     return left
 
 
+# Every token of this session starts with this one: what the lane (tests/ahead.py) left running at the
+# session's end is found by it. The environment as the session started: a test's monkeypatched variables
+# are not the lane's, which starts its subprocesses while that test runs.
+SESSION_TOKEN = f"mgpu-test-{uuid.uuid4().hex[:12]}"
+SESSION_ENV = dict(os.environ)
+
+
+def base_env() -> dict:
+    """The environment a subprocess of a test starts from: the test's (monkeypatched or not) in the main
+    thread; the session's at its start in the lane's thread."""
+    return dict(os.environ if threading.current_thread() is threading.main_thread() else SESSION_ENV)
+
 INTERRUPTIBLE_PYTEST = ("import signal, sys, pytest; signal.signal(signal.SIGINT, signal.default_int_handler); "
                         "sys.exit(pytest.console_main())")
 
@@ -88,10 +102,10 @@ class Subpytest:
     def __init__(self, pytester: pytest.Pytester | None = None, path: Path | None = None):
         self.pytester = pytester
         self.path = path if path is not None else pytester.path
-        self.token = f"mgpu-test-{uuid.uuid4().hex}"
+        self.token = f"{SESSION_TOKEN}-{uuid.uuid4().hex}"
 
     def env(self, **extra) -> dict:
-        env = dict(os.environ)
+        env = base_env()
         env.pop("PYTEST_XDIST_WORKER", None)
         env.pop("PYTEST_MGPU_FALLBACK", None)
         env["MGPU_TEST_TOKEN"] = self.token
@@ -206,10 +220,27 @@ def no_gpus(monkeypatch):
     monkeypatch.setattr(session, "detect_hardware", lambda: Hardware((), (), usable_cpus()))
 
 
-@pytest.fixture(scope="session")
-def xdist_together(tmp_path_factory):
-    """The one pytest-xdist session of every part registered in tests/xdist_together.py (see there),
-    run once per session by the first test that asks for it."""
+@pytest.fixture(scope="session", autouse=True)
+def lane(request, tmp_path_factory):
+    """The subprocess sessions registered with ``@ahead`` (tests/ahead.py) that this session's tests
+    need, run in the background from its start; ``MGPU_TESTS_AHEAD=0`` runs each when its fixture is
+    first asked for instead (as do xdist workers: each would start every module's)."""
+    enabled = os.environ.get("MGPU_TESTS_AHEAD", "1") != "0" and "PYTEST_XDIST_WORKER" not in os.environ
+    started = Lane(tmp_path_factory, list(request.session.items), enabled)
+    yield started
+
+    def kill() -> None:
+        for pid in processes_with_token(SESSION_TOKEN):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    started.close(kill)
+
+
+@ahead("xdist_together", shared=True)
+def xdist_session(tmp_path_factory):
+    """The one pytest-xdist session of every part registered in tests/xdist_together.py (see there)."""
     from tests import xdist_together as together
 
     path = tmp_path_factory.mktemp("xdist_together")
@@ -231,3 +262,10 @@ def xdist_together(tmp_path_factory):
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+@pytest.fixture(scope="session")
+def xdist_together(lane):
+    """The one pytest-xdist session of every part registered in tests/xdist_together.py, run once per
+    session, ahead of the tests that read it."""
+    yield from lane.take(xdist_session)

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from tests.ahead import ahead
 from tests.conftest import Subpytest, processes_with_token, run_together
 
 FAILING = """
@@ -64,12 +65,12 @@ def test_after(dist):
 """
 
 
-@pytest.fixture(scope="module")
-def failing_sessions(blocked, pytester_module, tmp_path_factory):
+@ahead("failing_sessions")
+def failing_pytests(tmp_path_factory):
     """The module's sessions that end by themselves, at once: the one that runs every failure case and
-    the pytest-timeout one; the blocked pytests (asked for first) start up beside them. name -> Ended."""
-    sp = pytester_module
-    sp.pytester.makepyfile(test_failing=FAILING)
+    the pytest-timeout one. name -> Ended."""
+    sp = Subpytest(_Dir(tmp_path_factory.mktemp("failing")))
+    (sp.pytester.path / "test_failing.py").write_text(FAILING)
     pt = Subpytest(_Dir(tmp_path_factory.mktemp("pytest-timeout")))
     (pt.pytester.path / "test_pt.py").write_text(PYTEST_TIMEOUT)
     try:
@@ -77,8 +78,14 @@ def failing_sessions(blocked, pytester_module, tmp_path_factory):
                                        (pt, ("--mgpu-fallback=cpu",))], timeout=240)
         yield {"failing": failing, "pytest-timeout": timed, "sessions": {"failing": sp, "pytest-timeout": pt}}
     finally:
-        for pid in processes_with_token(pt.token):
+        for pid in processes_with_token(pt.token) + processes_with_token(sp.token):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def failing_sessions(lane):
+    """The module's sessions (above), run ahead of its tests."""
+    yield from lane.take(failing_pytests)
 
 
 @pytest.fixture(scope="module")
@@ -87,22 +94,6 @@ def failing_run(failing_sessions):
     wall time, from its start to its end)."""
     e = failing_sessions["failing"]
     return e.rc, e.out, e.wall, failing_sessions["sessions"]["failing"].leftovers()
-
-
-@pytest.fixture(scope="module")
-def pytester_module(request, tmp_path_factory):
-    class _P:  # the module-scoped stand-in for pytester: a directory and makepyfile
-        def __init__(self, path):
-            self.path = path
-
-        def makepyfile(self, **files):
-            for name, text in files.items():
-                (self.path / f"{name}.py").write_text(text)
-
-    sp = Subpytest(_P(tmp_path_factory.mktemp("failing")))
-    yield sp
-    for pid in sp.leftovers(timeout=0):
-        os.kill(pid, signal.SIGKILL)
 
 
 def section(out: str, test: str) -> str:

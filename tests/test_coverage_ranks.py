@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from pytest_mgpu.launch.rank_coverage import ENV, RankCoverage, measuring, ranks_env
+from tests.ahead import ahead
 from tests.conftest import Subpytest, processes_with_token, run_together
 
 OPS = """
@@ -63,8 +64,8 @@ class _Dir:
         self.path = path
 
 
-@pytest.fixture(scope="module")
-def covered(tmp_path_factory):
+@ahead("covered")
+def cov_sessions(tmp_path_factory):
     """Warm and fresh ranks, one pytest --cov subprocess each (coverage starts before the plugin), both
     at once. How each ended, and its folder."""
     pytest.importorskip("pytest_cov")
@@ -82,6 +83,12 @@ def covered(tmp_path_factory):
         for sp, _ in runs:
             for pid in processes_with_token(sp.token):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def covered(lane):
+    """The module's sessions (above), run ahead of its tests."""
+    yield from lane.take(cov_sessions)
 
 
 @pytest.mark.parametrize("mode", list(MODES))

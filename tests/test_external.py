@@ -32,7 +32,8 @@ from pytest_mgpu.launch.external import (
     first_host,
     merge,
 )
-from tests.conftest import processes_with_token, wait_for_no_processes
+from tests.ahead import ahead
+from tests.conftest import SESSION_TOKEN, base_env, processes_with_token, wait_for_no_processes
 
 HARD_TIMEOUT_S = 150  # a job that does not end by itself fails the test instead of hanging CI
 # Every rank is a pytest: leave out plugins these runs do not use (about 1 s of CPU per rank here).
@@ -50,10 +51,10 @@ class Job:
 
     def __init__(self, path: Path):
         self.path = path
-        self.token = f"mgpu-ext-{uuid.uuid4().hex}"
+        self.token = f"{SESSION_TOKEN}-ext-{uuid.uuid4().hex}"
 
     def env(self, **extra) -> dict:
-        env = {k: v for k, v in os.environ.items()
+        env = {k: v for k, v in base_env().items()
                if not k.startswith(("PYTEST_XDIST", "PYTEST_MGPU", "TORCHELASTIC", "SLURM_"))
                and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
         env.update(MGPU_TEST_TOKEN=self.token, PYTHONUNBUFFERED="1", **extra)
@@ -144,7 +145,13 @@ def _srun(j: Job):
 
 
 @pytest.fixture(scope="module")
-def launched(tmp_path_factory):
+def launched(lane):
+    """The module's launcher jobs (below), run ahead of its tests."""
+    yield from lane.take(launched_jobs)
+
+
+@ahead("launched")
+def launched_jobs(tmp_path_factory):
     """The module's independent launcher jobs, started at once so that their start-ups and limits overlap:
     name -> Ended (or the AssertionError of a job that did not end in time, raised by the test that reads
     it). Each job has its own folder and token, so each test still counts only its own leftovers."""

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from tests.ahead import ahead
 from tests.conftest import Subpytest, processes_with_token
 
 CASES = """
@@ -87,6 +88,12 @@ class _Dir:
 
 
 @pytest.fixture(scope="module")
+def sessions(lane):
+    """The module's sessions (above), run ahead of its tests."""
+    yield from lane.take(hygiene_sessions)
+
+
+@pytest.fixture(scope="module")
 def report(sessions):
     return sessions[0]
 
@@ -134,8 +141,8 @@ def test_children(dist):
 MODES = {"warm": (), "isolate": ("--mgpu-isolate",)}
 
 
-@pytest.fixture(scope="module")
-def sessions(tmp_path_factory):
+@ahead("sessions")
+def hygiene_sessions(tmp_path_factory):
     """The session of CASES and the two killed ones (warm and fresh ranks), all three at once: the first
     runs to its end while each of the others is SIGKILLed once its ranks' children run. Returns the
     first's exit code and output, and what each killed one left running afterwards (or why it never

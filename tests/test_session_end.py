@@ -6,6 +6,7 @@ import subprocess
 
 import pytest
 
+from tests.ahead import ahead
 from tests.conftest import Subpytest, processes_with_token, run_together
 
 ONE = """
@@ -34,8 +35,8 @@ class _Dir:
         self.path = path
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+@ahead("runs")
+def end_sessions(tmp_path_factory):
     """Warm and fresh ranks, one pytest each, both at once, each with its own TMPDIR holding the folders
     of a dead run (to be removed) and of a live one (this process: to be kept)."""
     dead = dead_pid()
@@ -55,6 +56,12 @@ def runs(tmp_path_factory):
         for sp, _, _ in started:
             for pid in processes_with_token(sp.token):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def runs(lane):
+    """The module's sessions (above), run ahead of its tests."""
+    yield from lane.take(end_sessions)
 
 
 @pytest.mark.parametrize("mode", list(MODES))

@@ -2,6 +2,7 @@
 dist.run does), a hang ended with nothing left running, the seed option, the session's table."""
 import pytest
 
+from tests.ahead import ahead
 from tests.conftest import Subpytest, run_together, wait_for_no_processes
 
 pytestmark = pytest.mark.simulate
@@ -92,8 +93,8 @@ class _Dir:
         self.path = path
 
 
-@pytest.fixture(scope="module")
-def hangs(tmp_path_factory):
+@ahead("hangs")
+def hang_sessions(tmp_path_factory):
     """Two sessions at once (their hangs wait side by side): the limits of pytest-mgpu, where a marker
     (2 s) and a call's argument (2 s, under a marker of 300 s) each beat the option (3 s) that the
     third test gets; and pytest-timeout's limit (6 s) with none of ours. Each session's output, and
@@ -106,6 +107,12 @@ def hangs(tmp_path_factory):
     done = run_together(runs, timeout=300)
     return {name: (e.rc, e.out, wait_for_no_processes(sp.token))
             for name, (sp, _), e in zip(["limits", "outer"], runs, done)}
+
+
+@pytest.fixture(scope="module")
+def hangs(lane):
+    """The module's sessions (above), run ahead of its tests."""
+    yield from lane.take(hang_sessions)
 
 
 def section(out: str, test: str) -> str:

@@ -10,6 +10,7 @@ import signal
 
 import pytest
 
+from tests.ahead import ahead
 from tests.conftest import Subpytest, run_together
 
 BAD = ["'x'", "'5'", "float('nan')", "float('inf')", "0", "-1"]
@@ -108,8 +109,8 @@ class _Dir:
 METHODS = ["thread", "signal"]
 
 
-@pytest.fixture(scope="module")
-def hangs(tmp_path_factory):
+@ahead("hangs")
+def hang_sessions(tmp_path_factory):
     """One session per --timeout-method, both at once (their hangs wait side by side). The 4-rank pool
     is cold when test_cold_pool starts, and pytest-timeout's limit (8 s) is short."""
     runs = []
@@ -125,6 +126,12 @@ def hangs(tmp_path_factory):
         for sp, _ in runs:
             for p in sp.leftovers(timeout=10):
                 os.kill(p, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def hangs(lane):
+    """The module's sessions (above), run ahead of its tests."""
+    yield from lane.take(hang_sessions)
 
 
 @pytest.fixture(params=METHODS)

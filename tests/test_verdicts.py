@@ -15,6 +15,7 @@ import signal
 
 import pytest
 
+from tests.ahead import ahead
 from tests.conftest import Subpytest, run_together
 
 FNS = """
@@ -151,8 +152,8 @@ WARM = ("computing or starting or single_process or other_collective or after",
 NEXT_SESSION = "\n___ (the next session) ___\n"  # ends the last section of a session (see section())
 
 
-@pytest.fixture(scope="module")
-def sessions(tmp_path_factory):
+@ahead("sessions")
+def verdict_sessions(tmp_path_factory):
     """Both modes at once, the warm one in two sessions (the fresh session's few cases run while the warm
     ones wait out their limits); fresh ranks that return exit at once: their records come back with
     their results."""
@@ -164,6 +165,12 @@ def sessions(tmp_path_factory):
         for sp, _ in runs:
             for p in sp.leftovers(timeout=10):
                 os.kill(p, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def sessions(lane):
+    """The module's sessions (above), run ahead of its tests."""
+    yield from lane.take(verdict_sessions)
 
 
 @pytest.fixture(scope="module")
