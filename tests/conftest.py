@@ -184,6 +184,20 @@ def run_together(runs: list, timeout: float = 300) -> list[Ended]:
     return ended
 
 
+def one_session(sp: Subpytest, args: tuple, timeout: float = 300, **env) -> tuple[Ended, list[int]]:
+    """One pytest subprocess session: how it ended, and the processes it left (waited for, bounded);
+    whatever is left is killed after."""
+    try:
+        (ended,) = run_together([(sp, args, env)], timeout=timeout)
+        return ended, sp.leftovers()
+    finally:
+        for pid in processes_with_token(sp.token):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
 @pytest.fixture(scope="session", autouse=True)
 def one_forkserver(request):
     """This session's launcher, opened at its start as its first test with ``dist`` would open it. The

@@ -1,11 +1,16 @@
 """Which rank is to blame, decided by evidence (launch/attribution.py), the same with warm ranks and
 with --mgpu-isolate; values and exceptions that cannot cross back are reported, never a death.
 
-Each mode runs the cases in one pytest session (in-process: nothing here needs a fresh interpreter),
-run by the first test that reads it; the tests read its report."""
+Each mode runs the cases in one pytest subprocess session, both at once and ahead of the tests
+(tests/ahead.py); the tests read its report."""
+import os
 import re
+import signal
 
 import pytest
+
+from tests.ahead import ahead
+from tests.conftest import Subpytest, processes_with_token, run_together
 
 CASES = """
 import ctypes, os, signal, pytest, torch, torch.distributed as tdist
@@ -81,21 +86,31 @@ def test_meta(dist):
 MODES = {"warm": (), "isolate": ("--mgpu-isolate",)}
 
 
+@ahead("reports")
+def mode_sessions(tmp_path_factory):
+    """Each mode's session, both at once (run ahead of the tests): mode -> its output."""
+    runs = []
+    for mode, extra in MODES.items():
+        sp = Subpytest(path=tmp_path_factory.mktemp(f"attribution-{mode}"))
+        (sp.path / "test_cases.py").write_text(CASES)
+        runs.append((sp, ("--mgpu-fallback=cpu", "-p", "no:randomly", "-rA", *extra)))
+    try:
+        return {mode: ended.out for mode, ended in zip(MODES, run_together(runs, timeout=300))}
+    finally:
+        for sp, _ in runs:
+            for pid in processes_with_token(sp.token):
+                os.kill(pid, signal.SIGKILL)
+
+
 @pytest.fixture(scope="module")
-def reports():
-    """Each mode's session output, once it ran."""
-    return {}
+def reports(lane):
+    yield from lane.take(mode_sessions)
 
 
 @pytest.fixture(params=list(MODES))
-def report(request, reports, pytester):
-    """The session of one mode, in-process with its own warm or fresh ranks (not this session's): run by
-    the first test that reads it; the later ones read its output."""
-    mode = request.param
-    if mode not in reports:
-        pytester.makepyfile(test_cases=CASES)
-        reports[mode] = pytester.runpytest("--mgpu-fallback=cpu", "-p", "no:randomly", "-rA", *MODES[mode]).stdout.str()
-    return mode, reports[mode]
+def report(request, reports):
+    """The session of one mode, with its own warm or fresh ranks (not this session's)."""
+    return request.param, reports[request.param]
 
 
 def section(out: str, test: str) -> str:

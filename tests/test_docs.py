@@ -13,6 +13,8 @@ from typing import List
 import pytest
 
 from pytest_mgpu.settings import ALL_OPTIONS
+from tests.ahead import ahead
+from tests.conftest import SESSION_TOKEN, base_env
 
 ROOT = Path(__file__).resolve().parent.parent
 OPTIONS_PAGE = ROOT / "docs" / "reference" / "options.md"
@@ -172,25 +174,40 @@ def test_every_fence_in_the_docs_names_its_language():
     assert not bare, "fence these as ```text (output) or ```python (code that runs):\n" + "\n".join(bare)
 
 
-def test_the_suites_collect_where_the_docs_tester_is_not_installed(tmp_path):
-    """README's first command installs no test extra: pytest offers README.md to the root conftest's
-    collection hook for `pytest suites/` too, which must then ask for no Sybil; named, a page says how
-    to install it."""
+@ahead("collected")
+def collections(tmp_path_factory):
+    """`pytest --collect-only` of suites/ and of README.md where Sybil cannot be imported, both at once
+    (run ahead of the test that reads them): (output, exit code) of each."""
     import subprocess
     import sys
 
+    tmp_path = tmp_path_factory.mktemp("no-sybil")
     stub = tmp_path / "sybil"
     stub.mkdir()
     (stub / "__init__.py").write_text("raise ImportError('not installed')\n")
-    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    env = base_env()
+    env = dict(env, PYTHONPATH=f"{tmp_path}{os.pathsep}{env.get('PYTHONPATH', '')}")
     env = {k: v for k, v in env.items() if not k.startswith("PYTEST_")}
+    env["MGPU_TEST_TOKEN"] = f"{SESSION_TOKEN}-docs"  # ended with the session's lane, if still running
 
     def collect(*args):  # started at once: both pay the same start-up
         return subprocess.Popen([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                                  *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     started = [collect("suites/test_dp.py"), collect("README.md")]
-    (suites, suites_rc), (page, page_rc) = [(p.communicate(timeout=300)[0], p.returncode) for p in started]
+    return [(p.communicate(timeout=300)[0], p.returncode) for p in started]
+
+
+@pytest.fixture(scope="module")
+def collected(lane):
+    yield from lane.take(collections)
+
+
+def test_the_suites_collect_where_the_docs_tester_is_not_installed(collected):
+    """README's first command installs no test extra: pytest offers README.md to the root conftest's
+    collection hook for `pytest suites/` too, which must then ask for no Sybil; named, a page says how
+    to install it."""
+    (suites, suites_rc), (page, page_rc) = collected
     assert suites_rc == 0, suites
     assert page_rc != 0 and "pip install -e '.[test]'" in page, page
 

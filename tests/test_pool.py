@@ -2,7 +2,11 @@
 rebuilds the pool; the opt-out gives fresh processes."""
 import os
 
+import pytest
+
 from pytest_mgpu import world_sizes
+from tests.ahead import ahead
+from tests.conftest import Subpytest, one_session
 
 STATE = """
 import os, random, pytest, torch, torch.distributed as tdist
@@ -126,12 +130,24 @@ def test_break_then_recover(dist, breaker):
 """
 
 
-def test_failure_hang_and_death_rebuild_the_pool(subpytest):
-    subpytest.pytester.makepyfile(test_recover=RECOVER)
-    rc, out = subpytest.run("--mgpu-fallback=cpu", "-q", timeout=240)
-    assert rc == 0, out
-    assert "3 passed" in out
-    assert subpytest.leftovers() == []
+@ahead("recovered")
+def recover_session(tmp_path_factory):
+    """The session of RECOVER (run ahead of the test): how it ended, and what it left."""
+    sp = Subpytest(path=tmp_path_factory.mktemp("recover"))
+    (sp.path / "test_recover.py").write_text(RECOVER)
+    return one_session(sp, ("--mgpu-fallback=cpu", "-q"), timeout=240)
+
+
+@pytest.fixture(scope="module")
+def recovered(lane):
+    yield from lane.take(recover_session)
+
+
+def test_failure_hang_and_death_rebuild_the_pool(recovered):
+    ended, left = recovered
+    assert ended.rc == 0, ended.out
+    assert "3 passed" in ended.out
+    assert left == []
 
 
 ISOLATE = STATE + """

@@ -6,6 +6,11 @@ environment without them would (``torch.Tensor.numpy()`` then raises "Numpy is n
 import os
 import textwrap
 
+import pytest
+
+from tests.ahead import ahead
+from tests.conftest import Subpytest, base_env, one_session
+
 BLOCK = textwrap.dedent('''
     import sys
 
@@ -67,13 +72,24 @@ TRAINER = textwrap.dedent('''
 ''')
 
 
-def test_assert_resumes_runs_without_numpy_or_torchvision(pytester, monkeypatch):
-    site = pytester.mkdir("site")
+@ahead("alone")
+def alone_session(tmp_path_factory):
+    """The session of TRAINER where numpy and torchvision cannot be imported (run ahead of the test)."""
+    sp = Subpytest(path=tmp_path_factory.mktemp("alone"))
+    site = sp.path / "site"
+    site.mkdir()
     (site / "sitecustomize.py").write_text(BLOCK)
-    pytester.makepyfile(test_alone=TRAINER)
-    pytester.makeini("[pytest]\nmgpu_fallback = cpu\n")
-    path = os.environ.get("PYTHONPATH", "")
+    (sp.path / "test_alone.py").write_text(TRAINER)
+    (sp.path / "pytest.ini").write_text("[pytest]\nmgpu_fallback = cpu\n")
+    path = base_env().get("PYTHONPATH", "")
     env_path = os.pathsep.join([str(site)] + ([path] if path else []))
-    monkeypatch.setenv("PYTHONPATH", env_path)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q", timeout=600)
-    result.assert_outcomes(passed=1)
+    return one_session(sp, ("-q",), timeout=600, PYTHONPATH=env_path)[0]
+
+
+@pytest.fixture(scope="module")
+def alone(lane):
+    yield from lane.take(alone_session)
+
+
+def test_assert_resumes_runs_without_numpy_or_torchvision(alone):
+    assert alone.rc == 0 and "1 passed" in alone.out, alone.out
