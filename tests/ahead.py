@@ -3,7 +3,8 @@ more pytest subprocesses that end by themselves (or wait to be stopped) register
 ``@ahead("fixture name")``: a function of ``tmp_path_factory`` that returns its result, or yields it
 and cleans up after, as a fixture does. Once collection ended, ``Lane`` (the session fixture ``lane``
 in tests/conftest.py) runs the registered work that a selected test asks for, one after the other in
-the order the tests come, in a background thread, while the tests before it run; the fixture then
+the order the tests come, in a background thread, while the tests before it run (tests/conftest.py
+runs the modules that read such work after the others); the fixture then
 only takes what was already done (``yield from lane.take(fn)``), or does it at once where the lane has
 not reached it yet. The subprocesses mostly wait (limits that must pass, ranks blocked on purpose,
 start-ups), and 2 cores running the tests in-process leave a third of their time idle: this fills it.
@@ -119,6 +120,12 @@ def _finish(entry: Ahead) -> None:
             pass
         else:
             rest.close()
+
+
+def needs_ahead(item) -> bool:
+    """Whether the test reads work registered here."""
+    names = set(getattr(item, "fixturenames", ()))
+    return any(entry.fixture in names and (entry.shared or _same_module(entry.fn, item)) for entry in REGISTERED.values())
 
 
 def _same_module(fn: Work, item) -> bool:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ahead import Lane, ahead
+from tests.ahead import Lane, ahead, needs_ahead
 
 # pytester's in-process runs drop modules first imported inside them; torch's C extension cannot be
 # imported twice in one process, so import it (and what the inner runs use) here, once.
@@ -234,13 +234,25 @@ def no_gpus(monkeypatch):
     monkeypatch.setattr(session, "detect_hardware", lambda: Hardware((), (), usable_cpus()))
 
 
+def _ahead() -> bool:
+    return os.environ.get("MGPU_TESTS_AHEAD", "1") != "0" and "PYTEST_XDIST_WORKER" not in os.environ
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    """The modules whose tests read work of the lane run last (each whole, in its place among them):
+    the lane then does that work while the other tests run, and no test waits for it."""
+    if _ahead():
+        late = {item.module.__name__ for item in items if getattr(item, "module", None) is not None and needs_ahead(item)}
+        items[:] = sorted(items, key=lambda item: getattr(item, "module", None) is not None and item.module.__name__ in late)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def lane(request, tmp_path_factory):
     """The subprocess sessions registered with ``@ahead`` (tests/ahead.py) that this session's tests
     need, run in the background from its start; ``MGPU_TESTS_AHEAD=0`` runs each when its fixture is
     first asked for instead (as do xdist workers: each would start every module's)."""
-    enabled = os.environ.get("MGPU_TESTS_AHEAD", "1") != "0" and "PYTEST_XDIST_WORKER" not in os.environ
-    started = Lane(tmp_path_factory, list(request.session.items), enabled)
+    started = Lane(tmp_path_factory, list(request.session.items), _ahead())
     yield started
 
     def kill() -> None:
