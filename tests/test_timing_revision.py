@@ -14,6 +14,7 @@ from typing import Optional
 import pytest
 
 from pytest_mgpu.timing import worktree
+from tests.ahead import ahead
 from tests.conftest import Subpytest, processes_with_token
 
 WORK = '''
@@ -183,7 +184,13 @@ class Interrupted:
 
 
 @pytest.fixture(scope="module")
-def interrupted(tmp_path_factory):
+def interrupted(lane):
+    """The interrupted sessions (below), run ahead of the tests that read them."""
+    yield from lane.take(interrupted_sessions)
+
+
+@ahead("interrupted")
+def interrupted_sessions(tmp_path_factory):
     """Two --mgpu-against sessions started at once in two repositories (N = 2 in the working tree),
     each sent its signal (SIGINT, SIGKILL) as soon as its base ranks have set their step up; after
     SIGKILL, the next session in that repository (collection only) starts at once. Each test reads
