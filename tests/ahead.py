@@ -52,10 +52,7 @@ class Lane:
         self.stopped = False
         self.queue: list[Ahead] = []
         for item in items if enabled else ():
-            names = set(getattr(item, "fixturenames", ()))
-            for entry in REGISTERED.values():
-                if entry.fixture in names and entry not in self.queue and (entry.shared or _same_module(entry.fn, item)):
-                    self.queue.append(entry)
+            self.queue += [entry for entry in _needed(item) if entry not in self.queue]
         self.thread = threading.Thread(target=self._run, name="tests-ahead", daemon=True)
         if self.queue:
             self.thread.start()
@@ -124,8 +121,14 @@ def _finish(entry: Ahead) -> None:
 
 def needs_ahead(item) -> bool:
     """Whether the test reads work registered here."""
+    return bool(_needed(item))
+
+
+def _needed(item) -> list[Ahead]:
+    """The work the test reads: that of the fixtures it asks for, however indirectly."""
     names = set(getattr(item, "fixturenames", ()))
-    return any(entry.fixture in names and (entry.shared or _same_module(entry.fn, item)) for entry in REGISTERED.values())
+    return [entry for entry in REGISTERED.values()
+            if entry.fixture in names and (entry.shared or _same_module(entry.fn, item))]
 
 
 def _same_module(fn: Work, item) -> bool:
