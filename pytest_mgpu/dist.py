@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 from .checks import Checks
 from .cuda_only import add_cuda_hint
@@ -141,6 +141,44 @@ class Dist(Checks):
         __tracebackhide__ = True
         return self._launch(fn, args, kwargs, nprocs=1, timeout=timeout)[0]
 
+    def run_with_single(self, fn: Callable[..., Any], args: Sequence[Any], single: Callable[..., Any],
+                        single_args: Sequence[Any], timeout: Optional[float] = None) -> Tuple[List[Any], Any]:
+        """``(run(fn, *args), run_single(single, *single_args))``, the two calls at once where the
+        ranks are warm CPU processes (the one process uses a core the ranks leave idle), one after the
+        other elsewhere (GPUs, where the one process would share a device with rank 0; fresh ranks; a
+        torchrun or srun job). The ranks' failure is raised first; it ends the single call unwaited for.
+
+        Args:
+            fn: A function, as for ``run``.
+            args: Its positional arguments.
+            single: A function, as for ``run_single``.
+            single_args: Its positional arguments.
+            timeout: Seconds each call may take, as for ``run``.
+
+        Returns:
+            The ranks' values in rank order, and the one process's value.
+        """
+        __tracebackhide__ = True
+        start = getattr(self.launcher, "start", None)
+        if start is None or self.device_type != "cpu":
+            return self.run(fn, *args, timeout=timeout), self.run_single(single, *single_args, timeout=timeout)
+        spec, ref, payload = self._call(single, tuple(single_args), {}, 1, timeout)
+        t0 = time.perf_counter()
+        try:
+            other = start(spec, ref, payload)
+        except RankFailure as failure:  # its warm process could not start
+            self._failed(failure, 1, t0)
+        try:
+            ranks = self.run(fn, *args, timeout=timeout)
+        except BaseException:
+            other.abandon()
+            raise
+        try:
+            result = other.result()
+        except RankFailure as failure:
+            self._failed(failure, 1, t0)
+        return ranks, self._returned(result, 1)[0]
+
     def spawn(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> List[Any]:
         """Drop-in for ``torch.multiprocessing.spawn(fn, args=args, nprocs=dist.world_size)``: runs
         ``fn(rank, *args, **kwargs)`` in every rank with no process group up. The code's own
@@ -233,6 +271,17 @@ class Dist(Checks):
 
     def _launch(self, fn, args, kwargs, nprocs: int, timeout: Optional[float]):
         __tracebackhide__ = True
+        spec, ref, payload = self._call(fn, args, kwargs, nprocs, timeout)
+        t0 = time.perf_counter()
+        try:
+            result = self.launcher.run(spec, ref, payload)
+        except RankFailure as failure:
+            self._failed(failure, nprocs, t0)
+        return self._returned(result, nprocs)
+
+    def _call(self, fn, args, kwargs, nprocs: int, timeout: Optional[float]):
+        """The call's spec and what travels to its ranks; a skip or a bad timeout is refused here."""
+        __tracebackhide__ = True
         if self.plan.skip_reason:
             raise RuntimeError(f"this test's plan is a skip: {self.plan.skip_reason}")
         try:
@@ -240,15 +289,17 @@ class Dist(Checks):
         except SettingsError as exc:
             raise SettingsError(str(exc)) from None  # the test's line, not our frames
         ref, payload = pack_call(fn, args, kwargs)
-        t0 = time.perf_counter()
-        try:
-            result = self.launcher.run(spec, ref, payload)
-        except RankFailure as failure:
-            self.calls.append(CallRecord(nprocs, 0.0, time.perf_counter() - t0, False))
-            self._echo(failure.logs)
-            # code written for GPUs on emulated CPU ranks: name the CUDA-only line and the portable one
-            add_cuda_hint(failure, self.emulated and self.device_type == "cpu", self.plan.shared_gpus)
-            raise failure.with_traceback(None) from None
+        return spec, ref, payload
+
+    def _failed(self, failure: RankFailure, nprocs: int, t0: float) -> NoReturn:
+        __tracebackhide__ = True
+        self.calls.append(CallRecord(nprocs, 0.0, time.perf_counter() - t0, False))
+        self._echo(failure.logs)
+        # code written for GPUs on emulated CPU ranks: name the CUDA-only line and the portable one
+        add_cuda_hint(failure, self.emulated and self.device_type == "cpu", self.plan.shared_gpus)
+        raise failure.with_traceback(None) from None
+
+    def _returned(self, result, nprocs: int) -> List[Any]:
         self.calls.append(CallRecord(nprocs, result.startup_s, result.wall_s, True))
         self._echo(result.logs)
         self._leftovers(getattr(result, "notes", ()))

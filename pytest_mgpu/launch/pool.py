@@ -15,7 +15,7 @@ import sys
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from .base import LaunchResult, LaunchSpec
 from .collect import collect
@@ -38,6 +38,7 @@ class _Pool:
     calls: int = 0
     rejoin: bool = False
     sys_path: Optional[list] = None  # as last sent to the ranks: sent again only when it changed
+    busy: bool = False  # a call was sent and not yet collected: never evicted to make room
 
     @property
     def call_logs(self) -> List[str]:
@@ -62,12 +63,18 @@ class PoolLauncher:
         return (spec.nprocs, spec.backend, spec.device_type, tuple(spec.device_ids), spec.emulated)
 
     def run(self, spec: LaunchSpec, fn: FnRef, payload: bytes) -> LaunchResult:
+        return self.start(spec, fn, payload).result()
+
+    def start(self, spec: LaunchSpec, fn: FnRef, payload: bytes) -> "Started":
+        """Send the call to its warm ranks and return at once: ``result()`` waits for it, as ``run``
+        does. Calls of other group shapes may run meanwhile (``dist.run_with_single``); ``abandon()``
+        ends one whose result is no longer wanted."""
         if spec.device_type == "cuda" and os.environ.get("PYTEST_XDIST_WORKER"):
-            return self._fresh.run(spec, fn, payload)
+            return Started(self, spec, None, [], 0.0, lambda: self._fresh.run(spec, fn, payload))
         t0 = time.perf_counter()
         key = self.key(spec)
         pool = self._pools.get(key)
-        if pool is not None and pool.calls >= self.recycle_after:
+        if pool is not None and pool.calls >= self.recycle_after and not pool.busy:
             self._discard(key)
             pool = None
         if pool is None:
@@ -86,13 +93,26 @@ class PoolLauncher:
             devices=[rank_devices(spec, r)[0] for r in range(spec.nprocs)],
         )
         data = pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL)  # once: every rank gets the same bytes
+        pool.busy = True
         try:
             for conn in pool.conns:
                 try:
                     conn.send_bytes(data)
                 except OSError:
                     pass  # the rank is gone: collect() reports how it died
+        except BaseException:
+            self._discard(key)
+            raise
+        return Started(self, spec, pool, log_paths, t0)
+
+    def _finish(self, started: "Started") -> LaunchResult:
+        """Wait for a started call's ranks (``Started.result``)."""
+        pool, spec, log_paths = started.pool, started.spec, started.log_paths
+        assert pool is not None  # a deferred call has none, and never comes here
+        key = pool.key
+        try:
             got = collect(pool.procs, pool.conns, log_paths, spec.limit(), started=True)
+            pool.busy = False
             pool.rejoin = any(o.dirty for o in got.outcomes.values())
             try:
                 got.raise_if_failed(spec.describe(), log_paths)  # reads the logs: before a discard removes them
@@ -100,7 +120,7 @@ class PoolLauncher:
                 if not got.ranks_intact:
                     self._discard(key)
                 raise  # a pool whose ranks are all fine (only a value was unreadable) serves the next test
-            return LaunchResult.of(got, log_paths, t0)
+            return LaunchResult.of(got, log_paths, started.t0)
         except RankFailure:
             raise
         except BaseException:
@@ -131,8 +151,11 @@ class PoolLauncher:
 
     # -- internals ----------------------------------------------------------------------------
     def _start(self, spec: LaunchSpec, key: Key) -> _Pool:
-        while self._pools and sum(k[0] for k in self._pools) + spec.nprocs > self.max_ranks:
-            self._discard(next(iter(self._pools)))  # the least recently used pool makes room
+        while sum(k[0] for k in self._pools) + spec.nprocs > self.max_ranks:
+            idle = [k for k, p in self._pools.items() if not p.busy]
+            if not idle:
+                break  # every pool has a call in flight: this one is over the cap until they return
+            self._discard(idle[0])  # the least recently used pool makes room
         logdir = make_logdir("pool")
         log_paths = [os.path.join(logdir, f"rank{r}.log") for r in range(spec.nprocs)]
         pool = _Pool(key, [], [], logdir)
@@ -167,3 +190,26 @@ class PoolLauncher:
         for conn in pool.conns:
             conn.close()
         shutil.rmtree(pool.logdir, ignore_errors=True)
+
+
+@dataclass
+class Started:
+    """A call sent to warm ranks (``PoolLauncher.start``), not yet waited for."""
+
+    launcher: PoolLauncher
+    spec: LaunchSpec
+    pool: Optional[_Pool]
+    log_paths: List[str]
+    t0: float
+    deferred: Optional[Callable[[], LaunchResult]] = None  # a call that runs only when waited for
+
+    def result(self) -> LaunchResult:
+        """The call's values, or ``RankFailure``, as ``PoolLauncher.run`` gives them."""
+        if self.deferred is not None:
+            return self.deferred()
+        return self.launcher._finish(self)
+
+    def abandon(self) -> None:
+        """End the call unwaited for: its ranks are killed and their pool is rebuilt when next needed."""
+        if self.pool is not None:
+            self.launcher._discard(self.pool.key)

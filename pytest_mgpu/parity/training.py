@@ -59,8 +59,9 @@ def assert_same_training(dist, fn, reference_fn, *args, steps: int = 3, record: 
         return LoopJob(Portable.of(f, what), args, theirs if reference else mine, steps, how, spawn,
                        new_prefix() if spawn else "", reference, counted)
 
-    ranks: List[SideResult] = dist.run(run_loop, job(fn, "fn"), timeout=timeout)  # names a CUDA-only call
-    ref: SideResult = dist.run_single(run_loop, job(reference_fn, "reference_fn", True), timeout=timeout)
+    # the reference beside the ranks where both are CPU processes; the ranks' failure (a CUDA-only call) first
+    ranks, ref = dist.run_with_single(run_loop, (job(fn, "fn"),), run_loop, (job(reference_fn, "reference_fn", True),),
+                                      timeout=timeout)
     for note in dict.fromkeys(n for side in ranks + [ref] for n in side.notes):
         warnings.warn(f"assert_same_training(spawn=True): {note}", RuntimeWarning, stacklevel=3)
     check_counts([("reference_fn (one process)", ref.side)] +
