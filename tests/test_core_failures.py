@@ -166,11 +166,10 @@ import os, pathlib, time, pytest, torch.distributed as tdist
 def block(flagdir):
     pathlib.Path(flagdir, f"rank{tdist.get_rank()}").touch()
     if tdist.get_rank() == 0:
-        time.sleep(3600)
+        time.sleep(600)
     tdist.barrier()
 
 @pytest.mark.gpu4
-@pytest.mark.mgpu_timeout(3600)  # started ahead of its test: blocked until the test stops its pytest
 def test_block(dist):
     dist.run(block, os.environ["FLAGDIR"])
 """
@@ -179,11 +178,10 @@ def test_block(dist):
 STOPS = ["ctrl_c", "ctrl_c_thread", "sigkill"]
 
 
-@ahead("blocked")
-def blocked_pytests(tmp_path_factory):
+@pytest.fixture(scope="module")
+def blocked(tmp_path_factory):
     """One pytest per way of stopping it, all started at once (their start-ups overlap), each with 4
-    ranks blocked in a test (their limit an hour: they wait for their test, started ahead of it); the
-    tests below stop their own. Any left running at the end are killed."""
+    ranks blocked in a test; the tests below stop their own. Any left running at the end are killed."""
     started = {}
     try:
         for stop in STOPS:
@@ -192,8 +190,6 @@ def blocked_pytests(tmp_path_factory):
             flags.mkdir()
             (sp.pytester.path / "test_block.py").write_text(BLOCKED)
             started[stop] = (sp, flags, sp.popen("--mgpu-fallback=cpu", FLAGDIR=str(flags)))
-        for stop in STOPS:
-            _ready(started, stop)
         yield started
     finally:
         for sp, _, proc in started.values():
@@ -201,12 +197,6 @@ def blocked_pytests(tmp_path_factory):
                 os.killpg(proc.pid, signal.SIGKILL)
             for pid in processes_with_token(sp.token):
                 os.kill(pid, signal.SIGKILL)
-
-
-@pytest.fixture(scope="module")
-def blocked(lane):
-    """The blocked pytests (above), started ahead of the tests that stop them."""
-    yield from lane.take(blocked_pytests)
 
 
 class _Dir:

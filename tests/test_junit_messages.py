@@ -4,17 +4,8 @@ tables and stacks follow in the element's text. One real pytest run with --junit
 ranks (the hang and desync cases get 5 s each). Every bug of suites/ and examples/ is among them (their own
 tests catch it with ``pytest.raises``), and a loop called with many keywords: the first line names what
 diverged, with its devices and step, and the second is the cause."""
-import os
-import signal
 from pathlib import Path
 import xml.etree.ElementTree as ET
-
-import pytest
-
-from tests.ahead import ahead
-from tests.conftest import Subpytest, run_together
-
-ROOT = Path(__file__).resolve().parent.parent
 
 FNS = """
 import torch, torch.distributed as tdist
@@ -106,31 +97,14 @@ def junit_head(message: str, budget: int = 500) -> str:
     return "\n".join(kept)[:budget]
 
 
-@ahead("junit")
-def junit_session(tmp_path_factory):
-    """The inner session in a subprocess (run ahead: its hang and desync wait out their limits), with the
-    clone on its path, as suites/ and examples/ import from it: its exit code, output and junit file."""
-    path = tmp_path_factory.mktemp("junit")
-    (path / "junit_fns.py").write_text(FNS)
-    (path / "test_junit_inner.py").write_text(TESTS)
-    sp, xml = Subpytest(path=path), path / "junit.xml"
-    pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    try:
-        (ended,) = run_together([(sp, ("--mgpu-fallback=cpu", "-p", "no:randomly", f"--junitxml={xml}"),
-                                  {"PYTHONPATH": pythonpath})], timeout=300)
-    finally:
-        for pid in sp.leftovers(timeout=10):
-            os.kill(pid, signal.SIGKILL)
-    return ended.rc, ended.out, xml
-
-
-@pytest.fixture(scope="module")
-def junit(lane):
-    yield from lane.take(junit_session)
-
-
-def test_the_junit_message_carries_the_cause(junit):
-    rc, out, xml = junit
+def test_the_junit_message_carries_the_cause(pytester):
+    """In-process: the inner session has its own warm ranks (not this session's), and the clone on its
+    path, as suites/ and examples/ import from it."""
+    pytester.makepyfile(junit_fns=FNS, test_junit_inner=TESTS)
+    pytester.syspathinsert(Path(__file__).resolve().parent.parent)
+    xml = pytester.path / "junit.xml"
+    result = pytester.runpytest("--mgpu-fallback=cpu", "-p", "no:randomly", f"--junitxml={xml}")
+    rc, out = result.ret, result.stdout.str()
     assert rc == 1 and "7 failed" in out, out
     messages = {case.get("name"): case.find("failure").get("message")
                 for case in ET.parse(xml).getroot().iter("testcase") if case.find("failure") is not None}
