@@ -38,6 +38,12 @@ except ImportError:
 # reach, so a collection only walks what the tests made.
 gc.freeze()
 
+# The test process computes in one intra-op thread. Its own work is small (in-process loops of small
+# models, judgements), and it shares the 2 cores with the lane's sessions and the ranks: a parallel op
+# then waits for a thread the scheduler gave away (an in-process minGPT loop of 6 steps took 0.37 s alone
+# and 13-19 s in the whole run with two threads). The ranks set their own threads.
+torch.set_num_threads(1)
+
 
 def processes_with_token(token: str) -> list[int]:
     """Live (non-zombie) processes whose environment carries ``token``: everything a pytest run
