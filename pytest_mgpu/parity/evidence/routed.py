@@ -10,7 +10,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..record.trail import ROUTED
+from ..record.trail import FED, ROUTED
 from .facts import UserFacts
 from .trail import NORM, rows_apart
 
@@ -96,7 +96,7 @@ def first_routed(f: UserFacts) -> Optional[Routed]:
 def routed_first(f: UserFacts, routed: Routed, mark: Any) -> bool:
     """``routed`` comes before ``mark`` (a rank's trail mark) in the reference's forward: where it is
     called earlier than the first place the trail found, or the trail's place is not among its marks."""
-    if mark.key[2] == "fed":
+    if mark.key[2] == FED:
         return False
     at = 0
     for p in f.ref_probes:

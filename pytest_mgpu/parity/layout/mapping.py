@@ -111,7 +111,7 @@ def map_sides(ranks: List[SideLog], ref: SideLog, shards: Optional[Shards] = Non
         if key not in maps:
             maps[key] = name_map({n: _shape(t) for n, t in side.steps[0].params.items()}, want, side.holders,
                                  ref.holders, partial)
-            tied |= _tied(maps[key], getattr(ref, "aliases", {}), want)
+            tied |= _tied(maps[key], ref.aliases, want)
             tied |= _tied_copies(maps[key], side.steps[0].params, ref.steps[0].params)
             notes += [n for n in maps[key].notes if n not in notes]
         unmapped += [f"rank {r}: {n}" if len(ranks) > 1 else n for n in maps[key].unmapped]

@@ -64,7 +64,6 @@ def row_marks(t: Any, n: int, tokens: int = 0) -> List[Tuple[float, List[float]]
     if t.shape[0] != n:
         if tokens < 2 or t.dim() != 2 or t.shape[0] != n * tokens:
             return []
-        t = t.reshape(n, -1)
     with torch.no_grad():
         x = t.detach().reshape(n, -1)
         if not x.is_floating_point():
@@ -126,8 +125,7 @@ class Trail:
         """The outermost call's keyword arguments, where its rows came from a positional one."""
         top = self.marks[0].key[0] if self.marks else ""
         had = {m.name for m in self.marks if m.key[2] == FED}  # read already where the call began
-        more = [m for m in fed_marks(top, ((), {k: v for k, v in kwargs.items() if k not in had}), self.n,
-                                     first=len(self.marks))]
+        more = fed_marks(top, ((), {k: v for k, v in kwargs.items() if k not in had}), self.n, first=len(self.marks))
         at = len([m for m in self.marks if m.key[2] == FED])  # before any submodule's marks
         self.marks[at:at] = more
 
