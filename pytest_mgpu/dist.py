@@ -145,8 +145,8 @@ class Dist(Checks):
                         single_args: Sequence[Any], timeout: Optional[float] = None) -> Tuple[List[Any], Any]:
         """``(run(fn, *args), run_single(single, *single_args))``, the two calls at once where the
         ranks are warm CPU processes (the one process uses a core the ranks leave idle), one after the
-        other elsewhere (GPUs, where the one process would share a device with rank 0; fresh ranks; a
-        torchrun or srun job). The ranks' failure is raised first; it ends the single call unwaited for.
+        other elsewhere (GPUs, where the one process would share a device with rank 0; one rank, which is
+        that one process; fresh ranks; a torchrun or srun job). The ranks' failure is raised first; it ends the single call unwaited for.
 
         Args:
             fn: A function, as for ``run``.
@@ -160,7 +160,7 @@ class Dist(Checks):
         """
         __tracebackhide__ = True
         start = getattr(self.launcher, "start", None)
-        if start is None or self.device_type != "cpu":
+        if start is None or self.device_type != "cpu" or self.world_size == 1:  # one rank: the same process
             return self.run(fn, *args, timeout=timeout), self.run_single(single, *single_args, timeout=timeout)
         spec, ref, payload = self._call(single, tuple(single_args), {}, 1, timeout)
         t0 = time.perf_counter()

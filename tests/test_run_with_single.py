@@ -31,9 +31,18 @@ def _raises(folder: str) -> None:
     raise ValueError("the ranks' own error")
 
 
+def _raises_once_single_runs(folder: str) -> None:
+    _meet(folder, "ranks", "single")
+    _raises(folder)
+
+
 def _blocks(folder: str) -> None:
-    """Waits for a file nobody writes: ends only when its process is killed."""
-    _meet(folder, "single", "never")
+    """Writes its process id, then waits for a file nobody writes (a bounded wait: its call is not the one
+    under test)."""
+    with open(os.path.join(folder, "single.tmp"), "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(os.path.join(folder, "single.tmp"), os.path.join(folder, "single"))
+    _meet(folder, "blocked", "never")
 
 
 @pytest.mark.gpu2
@@ -46,13 +55,19 @@ def test_both_calls_run_at_once_and_return_their_values(dist, tmp_path):
 
 @pytest.mark.gpu2
 def test_the_ranks_failure_is_raised_and_the_waiting_call_is_ended(dist, tmp_path):
-    t0 = time.monotonic()
-    with pytest.raises(RankFailure, match="the ranks' own error"):
-        dist.run_with_single(_raises, (str(tmp_path),), _blocks, (str(tmp_path),), timeout=60)
-    assert time.monotonic() - t0 < WAIT_S  # the blocked single call was not waited for
-    assert os.path.exists(tmp_path / "single")  # it had started beside the ranks
-    ranks, single = dist.run_with_single(os.getpid, (), os.getpid, ())  # its process was replaced
-    assert single not in ranks
+    with pytest.raises(RankFailure, match="the ranks' own error"):  # raised once the single call runs
+        dist.run_with_single(_raises_once_single_runs, (str(tmp_path),), _blocks, (str(tmp_path),), timeout=60)
+    blocked = int((tmp_path / "single").read_text())
+    with pytest.raises(ProcessLookupError):  # its process was ended, not waited for
+        os.kill(blocked, 0)
+    ranks, single = dist.run_with_single(os.getpid, (), os.getpid, ())  # and replaced
+    assert single not in ranks and single != blocked
+
+
+@pytest.mark.gpu1
+def test_one_rank_is_the_one_process_each_call_gets_its_own_value(dist):
+    ranks, single = dist.run_with_single(os.getpid, (), os.getcwd, ())
+    assert isinstance(ranks[0], int) and single == os.getcwd()
 
 
 @pytest.mark.gpu2

@@ -74,7 +74,9 @@ class PoolLauncher:
         t0 = time.perf_counter()
         key = self.key(spec)
         pool = self._pools.get(key)
-        if pool is not None and pool.calls >= self.recycle_after and not pool.busy:
+        if pool is not None and pool.busy:
+            raise RuntimeError(f"{spec.describe()}: these warm ranks still run a call that was not waited for")
+        if pool is not None and pool.calls >= self.recycle_after:
             self._discard(key)
             pool = None
         if pool is None:
