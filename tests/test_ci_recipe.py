@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.conftest import UNUSED_PLUGINS
 from tests.gitrepo import git, new_repo
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,6 +68,7 @@ def _run_recipe(clone: Path):
     script = recipe_script().replace("${{ github.base_ref }}", "main")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_CORE_"))}
     env.update(GITHUB_STEP_SUMMARY=str(clone.parent / "summary.md"), PYTHONPATH=str(ROOT),
+               PYTEST_ADDOPTS=" ".join(UNUSED_PLUGINS),
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
     done = subprocess.run(["bash", "-ec", script], cwd=clone, env=env, capture_output=True, text=True, timeout=600)
     return done.returncode, done.stdout + done.stderr

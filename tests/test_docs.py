@@ -14,7 +14,7 @@ import pytest
 
 from pytest_mgpu.settings import ALL_OPTIONS
 from tests.ahead import ahead
-from tests.conftest import SESSION_TOKEN, base_env
+from tests.conftest import SESSION_TOKEN, UNUSED_PLUGINS, base_env
 
 ROOT = Path(__file__).resolve().parent.parent
 OPTIONS_PAGE = ROOT / "docs" / "reference" / "options.md"
@@ -192,7 +192,7 @@ def collections(tmp_path_factory):
 
     def collect(*args):  # started at once: both pay the same start-up
         return subprocess.Popen([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                                 *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                 *UNUSED_PLUGINS, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     started = [collect("suites/test_dp.py"), collect("README.md")]
     return [(p.communicate(timeout=300)[0], p.returncode) for p in started]
@@ -241,9 +241,9 @@ def test_a_block_that_lacks_its_imports_fails_alone(pytester):
     shutil.copy(ROOT / "conftest.py", pytester.path / "conftest.py")
     (pytester.path / "docs").mkdir()
     (pytester.path / "page.md").rename(pytester.path / "docs" / "page.md")
-    result = pytester.runpytest_subprocess("docs/page.md", "-p", "no:mgpu")
+    result = pytester.runpytest_subprocess("docs/page.md", "-p", "no:mgpu", *UNUSED_PLUGINS)
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*NameError: name 'math' is not defined*"])
     page = pytester.path / "docs" / "page.md"
     page.write_text(page.read_text().replace("\n\n```python\nassert", "\n\n<!-- continues -->\n```python\nassert"))
-    pytester.runpytest_subprocess("docs/page.md", "-p", "no:mgpu").assert_outcomes(passed=2)
+    pytester.runpytest_subprocess("docs/page.md", "-p", "no:mgpu", *UNUSED_PLUGINS).assert_outcomes(passed=2)

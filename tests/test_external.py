@@ -33,11 +33,11 @@ from pytest_mgpu.launch.external import (
     merge,
 )
 from tests.ahead import ahead
-from tests.conftest import SESSION_TOKEN, base_env, processes_with_token, wait_for_no_processes
+from tests.conftest import SESSION_TOKEN, UNUSED_PLUGINS, base_env, processes_with_token, wait_for_no_processes
 
 HARD_TIMEOUT_S = 150  # a job that does not end by itself fails the test instead of hanging CI
 # Every rank is a pytest: leave out plugins these runs do not use (about 1 s of CPU per rank here).
-PYTEST = ("-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:benchmark")
+PYTEST = ("-m", "pytest", "-p", "no:cacheprovider", *UNUSED_PLUGINS)
 
 
 def free_port() -> int:

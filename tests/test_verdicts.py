@@ -7,8 +7,9 @@ their time is waiting out limits); the tests read their reports. The margins hol
 2-core machine: each call gets 5 s and the evidence is read over its last 2 s, while the ranks reach the
 test's function within a fraction of a second (the pool is started before the call's clock, pytest is
 preloaded in the forkserver, the functions live in a module that imports nothing slow); a computing rank
-gets at least a fifth of a core at load 8 (0.4 s of CPU in 2 s) against a line of 0.05 s; a blocked one
-uses none.
+gets at least a fifth of a core at load 8 (0.4 s of CPU in 2 s) against a line of 0.05 s, and the computing
+ranks here use a quarter of a core (10 ms of every 40 ms: 0.5 s in 2 s quiet; what their verdicts read is the
+same, at a quarter of the CPU); a blocked one uses none.
 """
 import os
 import signal
@@ -21,11 +22,17 @@ from tests.conftest import Subpytest, run_together
 FNS = """
 import time, torch, torch.distributed as tdist
 
+def compute(seconds):                # a quarter of a core: computing, as a rank on a busy machine gets
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        burst = time.monotonic() + 0.01
+        while time.monotonic() < burst:
+            pass
+        time.sleep(0.03)
+
 def spin():                          # rank 0 computes in Python past the limit; the others wait for it
     if tdist.get_rank() == 0:
-        x = 0
-        while True:
-            x += 1
+        compute(600)
     tdist.barrier()
 
 def block():                         # rank 0 blocks outside any collective; the others wait for it
@@ -85,9 +92,12 @@ import time
 from pytest_mgpu import in_rank
 
 if in_rank():                        # a module whose import computes for 3.5 s in a rank: into the last 2 s
-    end = time.monotonic() + 3.5
+    end = time.monotonic() + 3.5     # (a quarter of a core, as a rank on a busy machine gets)
     while time.monotonic() < end:
-        pass
+        burst = time.monotonic() + 0.01
+        while time.monotonic() < burst:
+            pass
+        time.sleep(0.03)
 
 def block():
     time.sleep(600)
