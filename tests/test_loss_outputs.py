@@ -114,7 +114,7 @@ def test_a_model_called_with_keywords_alone_has_its_rows_read(dist):
 FORWARD = {  # bug -> (the first cause, what the trail names): a forward computed otherwise inside the model
     "token_drop": ("the model's own code makes a module's input otherwise", "mix's input differs first"),
     "mix_reduced": ("a module computes otherwise from the same input", "the output of mix (Mix) differs first"),
-    "keep_off": ("the loop feeds the model another input beside the rows", "another keep"),
+    "keep_off": ("the loop feeds the model another input beside the rows", "the model's argument keep differs"),
     "inside_token_drop": ("the model's own code makes a module's input otherwise", "mix's input differs first"),
 }
 

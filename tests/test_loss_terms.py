@@ -10,10 +10,10 @@ from pytest_mgpu import ParityError, world_sizes
 from tests import latent_loops as L
 
 CASES = {  # bug -> (the first cause, its evidence)
-    "eps_rank_seed": ("an input beside the rows is drawn per rank", "same weights and rows: another argument 1 fed (8 of 8 "
-                      "rows); none is any row's of the reference"),
+    "eps_rank_seed": ("an input beside the rows is drawn per rank", "same weights and rows: the model's argument eps differs (8 of "
+                      "8 rows); none is any row's of the reference"),
     "eps_first_block": ("each rank gets another slice of a batch-wide input beside the rows",
-                        "same weights and rows: another argument 1 fed (4 of 8 rows); each is another row's argument 1"),
+                        "same weights and rows: the model's argument eps differs (4 of 8 rows); each is another row's argument eps"),
     "kl_weight_global": ("a loss term reaching only part of the model differs",
                          "the loss differs (1.005x the reference's) and only enc's gradients differ (dec's agree)"),
 }

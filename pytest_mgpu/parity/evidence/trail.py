@@ -51,7 +51,8 @@ class Apart:
         name = self.mark.name or self.mark.key[0]
         rows = f"({self.rows} of {self.of} rows)"
         if self.fed:
-            return f"another {self.mark.name} fed {rows}"
+            shown = self.mark.name if self.mark.name.startswith("argument ") else f"argument {self.mark.name}"
+            return f"the model's {shown} differs {rows}"
         if not self.between:
             return f"the output of {name} ({self.mark.key[0]}) differs first {rows}, from the same input"
         if self.before is None:

@@ -76,14 +76,33 @@ def row_marks(t: Any, n: int, tokens: int = 0) -> List[Tuple[float, List[float]]
     return list(zip(norms, picked.tolist()))
 
 
-def fed_marks(top: str, given: Tuple[tuple, dict], n: int, first: int = 0) -> List[Mark]:
+def positional_names(module: Any) -> List[str]:
+    """The names of ``module.forward``'s leading positional parameters (up to a ``*args``), in order;
+    none where its signature cannot be read."""
+    import inspect
+
+    try:
+        params = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError, AttributeError):
+        return []
+    out: List[str] = []
+    for p in params:
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            break
+        out.append(p.name)
+    return out
+
+
+def fed_marks(top: str, given: Tuple[tuple, dict], n: int, first: int = 0, positional: List[str] = ()) -> List[Mark]:
     """The outermost call's tensor arguments of ``n`` rows, sampled (kind ``FED``), the first first: how
     near another side's rows they are, and which argument differs where the first is the same. Each is
-    named by its keyword, or ``argument <i>``."""
+    named by its keyword, or ``argument <name>`` by position, ``name`` its parameter's in ``positional``
+    (the forward of the module the loop wrote, inside its wrappers) or else its index."""
     import torch
 
     args, kwargs = given
-    named = [(f"argument {i}", v) for i, v in enumerate(args)] + list(kwargs.items())
+    named = [(f"argument {positional[i] if i < len(positional) else i}", v) for i, v in enumerate(args)]
+    named += list(kwargs.items())
     out: List[Mark] = []
     for i, (name, value) in enumerate((v for v in named if isinstance(v[1], torch.Tensor)), first):
         rows = row_marks(value, n)
@@ -101,6 +120,16 @@ def holder_of(top: Any) -> str:
     return found[-1] if found else ""
 
 
+def _written_names(top: Any, holder: str) -> List[str]:
+    """The positional parameters of the forward of the module the loop wrote (``holder`` inside ``top``'s
+    wrappers, whose own forward takes ``*args``)."""
+    try:
+        written = top.get_submodule(holder.rstrip(".")) if holder else top
+    except AttributeError:
+        written = top
+    return positional_names(written)
+
+
 def _shown(name: str, holder: str) -> str:
     name = name[len(holder):] if holder and name.startswith(holder) else name
     return ".".join(p for p in name.split(".") if not p.startswith("_")) or name  # _orig_mod, _fsdp_wrapped_module
@@ -112,7 +141,7 @@ class Trail:
 
     def __init__(self, top: Any, n: int, holder: str = "", given: Tuple[tuple, dict] = ((), {})):
         self.n = n
-        self.marks: List[Mark] = fed_marks(type(top).__name__, given, n)
+        self.marks: List[Mark] = fed_marks(type(top).__name__, given, n, positional=_written_names(top, holder))
         first = next((v for v in list(given[0]) + list(given[1].values()) if hasattr(v, "dim")), None)
         self._tokens = int(first.shape[1]) if first is not None and first.dim() >= 2 else 0  # positions per row
         self._names: Dict[int, str] = {id(m): name for name, m in top.named_modules()}
