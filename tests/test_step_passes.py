@@ -12,6 +12,7 @@ import pytest
 
 from pytest_mgpu import ParityError, world_sizes
 from tests import pass_loops as L
+from tests import update_loops as U
 
 CASES = {  # (kind, bug) -> what the first cause starts with, and a fact it states
     ("sam", "kept"): ("gradients not zeroed between the backward passes of a step, where the reference zeroes them",
@@ -197,3 +198,32 @@ def test_gradients_a_loop_sets_itself_are_said_so(dist):
     line = first_cause(str(info.value))
     assert line.startswith("likely cause: the gradients the loop sets itself differ with the same weights (no "
                            "backward pass ran"), line
+
+
+SHAPED = {  # the ranks' rule for the matrices -> what the first cause starts with, and its evidence
+    "inverted": ("the optimizer scales each tensor's update by a factor of its shape otherwise",
+                 "each update is the reference's scaled by a factor set by the tensor's shape (0.612x for 16x6, "
+                 "0.707x"),
+    "row_normalised": ("the optimizer's own rule for the weight matrices computes their update in another direction",
+                       "only the matrices update otherwise, in another direction than the reference's"),
+}
+
+
+@world_sizes(2)
+@pytest.mark.parametrize("bug", [""] + list(SHAPED))
+def test_an_update_scaled_by_shape_or_turned_names_the_matrices_rule(dist, bug):
+    """Matrices whose updates are each the reference's times one factor per shape (two layers of a shape
+    agreeing) are a shape scale; matrices turned, the vectors agreeing and no multiple of the weights, are
+    the matrices' own rule. The optimizer is the loop's own: its step is located in the loop's file."""
+    check = functools.partial(dist.assert_same_training, reference_fn=U.reference, world_size=dist.world_size,
+                              steps=L.STEPS, record="optimizer")
+    if not bug:
+        assert check(U.train).passed
+        return
+    what, evidence = SHAPED[bug]
+    with pytest.raises(ParityError) as info:
+        check(functools.partial(U.train, bug=bug))
+    text = str(info.value)
+    line = first_cause(text)
+    assert line.startswith("likely cause: " + what) and evidence in text.split("likely causes:")[1], text
+    assert "(optimizer.step; ShapeScaled.step at update_loops.py:" in text.split("likely causes:")[1], text

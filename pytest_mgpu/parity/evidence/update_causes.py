@@ -17,6 +17,10 @@ UPDATE: Final[Tuple[Cause, ...]] = (
           "set outside the optimizer)", "update them as the reference does: the same momentum (m x old + (1 - m) x "
           "new, not swapped), once per optimizer step, after it, from the synchronised weights",
           when=lambda x, f: x.names[:1] == ("gradless",)),
+    Cause("update-other", "the optimizer scales each tensor's update by a factor of its shape otherwise (a scale "
+          "from its rows and columns, as Muon's sqrt(rows / cols): swapped, another exponent, or left out)", "compute each tensor's shape scale as the "
+          "reference does: the same dimensions in the same order, the same formula",
+          when=lambda x, f: x.names[:1] == ("by-shape",)),
     Cause("update-other", "the optimizer updates the 1-D parameters (biases, norm weights) otherwise: weight decay "
           "or a per-layer adaptation (a trust ratio) given to them on one side and not the other", "exclude (or "
           "include) the same parameters from weight decay and adaptation on both sides: the same param groups, the "
@@ -24,6 +28,11 @@ UPDATE: Final[Tuple[Cause, ...]] = (
     Cause("update-other", "the optimizer updates the weight matrices otherwise (the 1-D parameters agree): weight "
           "decay or a per-layer adaptation computed otherwise for them", "compute weight decay and any per-layer "
           "scale of the matrices as the reference does", when=lambda x, f: x.names[:1] == ("N-D",)),
+    Cause("update-other", "the optimizer's own rule for the weight matrices computes their update in another "
+          "direction (the 1-D parameters agree): its momentum (a Nesterov blend or the buffer alone), an "
+          "orthogonalisation or preconditioner, or the order of these, computed otherwise", "compute the matrices' "
+          "update as the reference does: the same momentum rule, the same transform, applied in the same order",
+          when=lambda x, f: x.names[:1] == ("N-D-rule",)),
     Cause("update-other", "every update is the world size x the reference's with the same learning rate: the "
           "gradients the optimizer steps with are summed over the ranks, not averaged (or a scale multiplied by the "
           "world size)", SUM_FIX, when=lambda x, f: x.names[:1] == ("uniform",) and world(x, f)),

@@ -6,9 +6,13 @@ says which part of an optimizer computes otherwise:
 - ``gradless``: they get no gradient on either side (an EMA or momentum copy, a weight set by hand);
 - ``1-D`` / ``N-D``: only the vectors (biases, norm weights) or only the matrices differ while the
   others agree: weight decay or a per-layer adaptation given to or kept from one kind;
+- ``N-D-rule``: only the matrices differ, in another direction, and not by a multiple of their weights
+  (no weight decay): the matrices' own update rule (momentum, orthogonalisation, preconditioning);
 - ``uniform``: every update is one factor times the reference's, in the same direction;
 - ``per-tensor``: each tensor's update a factor of its own, in the same direction (a trust ratio,
   a relative step size);
+- ``by-shape``: each tensor's update a factor of its own, in the same direction, one factor per shape
+  and another for each shape (a scale from rows and columns, as Muon's or a fan-in scale);
 - ``""``: the direction differs (the update rule itself).
 """
 from __future__ import annotations
@@ -32,6 +36,8 @@ class Ratio:
     residual: float
     dims: int
     gradless: bool
+    shape: Tuple[int, ...] = ()
+    decay: float = 1.0  # relative residual of the update's difference as a multiple of the weights before it
 
     @property
     def same(self) -> bool:
@@ -68,6 +74,16 @@ def first_apart(records: List) -> int:
     return -1
 
 
+def _decay(d, w) -> float:
+    """How far the difference of two updates ``d`` is from a multiple of the weights ``w`` (relative): 0
+    for a weight decay applied otherwise (decoupled, or coupled in a step without history)."""
+    ww, dn = float(w @ w), float(d.norm())
+    if ww == 0 or dn == 0:
+        return 1.0
+    k = float(d @ w) / ww
+    return float((d - k * w).norm()) / dn
+
+
 def ratios(rank: SideLog, ref: SideLog, s: int) -> Dict[str, Ratio]:
     """name -> Ratio of rank 0's update at step ``s`` against the reference's, for the tensors both hold
     alike; {} where ``s`` has no next step on both sides."""
@@ -86,7 +102,7 @@ def ratios(rank: SideLog, ref: SideLog, s: int) -> Dict[str, Ratio]:
             c = ab / bb
             res = float((a - c * b).norm()) / max(float(a.norm()), abs(c) * math.sqrt(bb), 1e-300)
         gradless = _no_grad(rank.steps[s].grads.get(name)) and _no_grad(ref.steps[s].grads.get(name))
-        out[name] = Ratio(c, res, t.dim(), gradless)
+        out[name] = Ratio(c, res, t.dim(), gradless, tuple(t.shape), _decay(a - b, t.double().reshape(-1)))
     return out
 
 
@@ -98,14 +114,44 @@ def shape_of(found: Dict[str, Ratio], differ: List[str]) -> Tuple[str, str]:
     if all(r.gradless for r in rs):
         return "gradless", "none of them gets a gradient on either side: they are updated outside the optimizer"
     agree = [r for n, r in found.items() if n not in differ and r.same]
+    along = all(r.residual <= DIRECTION and math.isfinite(r.c) for r in rs)
+    shaped = _by_shape(rs) if along else ""
+    if shaped:
+        return "by-shape", shaped
     if all(r.dims <= 1 for r in rs) and any(r.dims > 1 for r in agree):
         return "1-D", "only 1-D tensors (biases, norm weights) update otherwise; every matrix's update agrees"
     if all(r.dims > 1 for r in rs) and any(r.dims <= 1 for r in agree):
-        return "N-D", "only the matrices update otherwise; every 1-D tensor's (biases, norm weights) update agrees"
-    if all(r.residual <= DIRECTION and math.isfinite(r.c) for r in rs):
+        only = "only the matrices update otherwise"
+        rest = "every 1-D tensor's (biases, norm weights) update agrees"
+        if along:
+            return "N-D", f"{only}, each in its direction by a factor of its own; {rest}"
+        if all(r.decay <= DIRECTION for r in rs):
+            return "N-D", f"{only}, each by a multiple of its weights (a weight decay); {rest}"
+        return "N-D-rule", f"{only}, in another direction than the reference's; {rest}"
+    if along:
         cs = sorted(r.c for r in rs)
-        if cs[-1] - cs[0] <= 0.02 * max(abs(cs[0]), abs(cs[-1])):
+        if _alike(cs):
             return "uniform", f"each update is {cs[len(cs) // 2]:.4g}x the reference's, in its direction"
         return "per-tensor", (f"each tensor's update is the reference's by a factor of its own ({cs[0]:.3g}x to "
                               f"{cs[-1]:.3g}x), in its direction")
     return "", ""
+
+
+def _alike(cs: List[float]) -> bool:
+    return max(cs) - min(cs) <= 0.02 * max(abs(min(cs)), abs(max(cs)))
+
+
+def _by_shape(rs: List[Ratio]) -> str:
+    """Words for updates scaled by one factor per tensor shape, another for each of two or more shapes, some
+    shape held by two tensors or more (``""`` where the factors do not follow the shapes)."""
+    per: Dict[Tuple[int, ...], List[float]] = {}
+    for r in rs:
+        if not r.gradless:  # a copy updated outside the optimizer (an EMA) shares a trained tensor's shape
+            per.setdefault(r.shape, []).append(r.c)
+    if len(per) < 2 or all(len(cs) < 2 for cs in per.values()) or not all(_alike(cs) for cs in per.values()):
+        return ""  # a shape held by one tensor alone tells a shape's factor from a tensor's nothing
+    mid = {shape: sorted(cs)[len(cs) // 2] for shape, cs in per.items()}
+    if _alike(list(mid.values())):
+        return ""  # one factor for all: uniform
+    shown = ", ".join(f"{c:.3g}x for {'x'.join(map(str, shape))}" for shape, c in sorted(mid.items(), key=lambda x: x[1]))
+    return f"each update is the reference's scaled by a factor set by the tensor's shape ({shown}), in its direction"

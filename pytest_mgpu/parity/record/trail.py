@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..layout.names import holders
 from .probe import first_output
@@ -93,7 +93,7 @@ def positional_names(module: Any) -> List[str]:
     return out
 
 
-def fed_marks(top: str, given: Tuple[tuple, dict], n: int, first: int = 0, positional: List[str] = ()) -> List[Mark]:
+def fed_marks(top: str, given: Tuple[tuple, dict], n: int, first: int = 0, positional: Sequence[str] = ()) -> List[Mark]:
     """The outermost call's tensor arguments of ``n`` rows, sampled (kind ``FED``), the first first: how
     near another side's rows they are, and which argument differs where the first is the same. Each is
     named by its keyword, or ``argument <name>`` by position, ``name`` its parameter's in ``positional``
