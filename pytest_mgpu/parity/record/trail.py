@@ -83,7 +83,7 @@ def positional_names(module: Any) -> List[str]:
 
     try:
         params = inspect.signature(module.forward).parameters.values()
-    except (TypeError, ValueError, AttributeError):
+    except Exception:  # a compiled or scripted forward whose signature cannot be read
         return []
     out: List[str] = []
     for p in params:
@@ -124,10 +124,9 @@ def _written_names(top: Any, holder: str) -> List[str]:
     """The positional parameters of the forward of the module the loop wrote (``holder`` inside ``top``'s
     wrappers, whose own forward takes ``*args``)."""
     try:
-        written = top.get_submodule(holder.rstrip(".")) if holder else top
-    except AttributeError:
-        written = top
-    return positional_names(written)
+        return positional_names(top.get_submodule(holder.rstrip(".")) if holder else top)
+    except Exception:  # a ScriptModule has no get_submodule: names are a nicety, never a rank's crash
+        return []
 
 
 def _shown(name: str, holder: str) -> str:
