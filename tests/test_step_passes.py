@@ -201,9 +201,11 @@ def test_gradients_a_loop_sets_itself_are_said_so(dist):
 
 
 SHAPED = {  # the ranks' rule for the matrices -> what the first cause starts with, and its evidence
-    "inverted": ("the optimizer scales each tensor's update by a factor of its shape otherwise",
+    "inverted": ("the optimizer computes a shape scale of the updates otherwise",
                  "each update is the reference's scaled by a factor set by the tensor's shape (0.612x for 16x6, "
                  "0.707x"),
+    "placed": ("the step writes a tensor's result into another tensor's place",
+               "4.weight holds the reference's 8.weight"),
     "row_normalised": ("the optimizer's own rule for the weight matrices computes their update in another direction",
                        "only the matrices update otherwise, in another direction than the reference's"),
 }

@@ -1,7 +1,8 @@
 """A loop whose optimizer is written in the loop's file and treats matrices by their shape
 (``tests/test_step_passes.py``): SGD whose matrix steps are scaled by ``max(1, rows / cols) ** 0.5``, as
 Muon scales its orthogonalised update. ``bug`` changes the ranks' rule only: the scale inverted (columns
-over rows), or each row's step normalised (another direction for the matrices, the vectors untouched)."""
+over rows), each row's step normalised (another direction for the matrices, the vectors untouched), or two
+results of one shape written back into each other's places."""
 import torch
 import torch.distributed as tdist
 from torch import nn
@@ -18,6 +19,7 @@ class ShapeScaled(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self):
+        stepped = []
         for p in self.param_groups[0]["params"]:
             if p.grad is None:
                 continue
@@ -27,7 +29,14 @@ class ShapeScaled(torch.optim.Optimizer):
                 d = d * max(1.0, cols / rows if self.bug == "inverted" else rows / cols) ** 0.5
                 if self.bug == "row_normalised":
                     d = d / d.norm(dim=1, keepdim=True) * d.norm() / rows ** 0.5
-            p.sub_(self.param_groups[0]["lr"] * d)
+            stepped.append((p, p - self.param_groups[0]["lr"] * d))
+        if self.bug == "placed":  # the two 16x8 results written back in the other order (an owner map's slip)
+            slots = [i for i, (p, _) in enumerate(stepped) if p.shape == (16, 8)]
+            results = [stepped[j][1] for j in reversed(slots)]
+            for i, new in zip(slots, results):
+                stepped[i] = (stepped[i][0], new)
+        for p, new in stepped:
+            p.copy_(new)
 
 
 def _model() -> nn.Module:

@@ -17,8 +17,12 @@ UPDATE: Final[Tuple[Cause, ...]] = (
           "set outside the optimizer)", "update them as the reference does: the same momentum (m x old + (1 - m) x "
           "new, not swapped), once per optimizer step, after it, from the synchronised weights",
           when=lambda x, f: x.names[:1] == ("gradless",)),
-    Cause("update-other", "the optimizer scales each tensor's update by a factor of its shape otherwise (a scale "
-          "from its rows and columns, as Muon's sqrt(rows / cols): swapped, another exponent, or left out)", "compute each tensor's shape scale as the "
+    Cause("update-other", "the step writes a tensor's result into another tensor's place (an all_gather, "
+          "broadcast or copy into the wrong slot, an owner or order of the tensors that differs between ranks)",
+          "write each gathered or copied result into its own tensor: the same owner map and order of the tensors on "
+          "every rank and in the reference", when=lambda x, f: x.names[:1] == ("placed",)),
+    Cause("update-other", "the optimizer computes a shape scale of the updates otherwise (a factor from each tensor's "
+          "rows and columns, as Muon's sqrt(rows / cols): the dimensions swapped, another exponent, or left out)", "compute each tensor's shape scale as the "
           "reference does: the same dimensions in the same order, the same formula",
           when=lambda x, f: x.names[:1] == ("by-shape",)),
     Cause("update-other", "the optimizer updates the 1-D parameters (biases, norm weights) otherwise: weight decay "

@@ -4,6 +4,8 @@ reference's update, as ``c`` x the reference's plus a residual. What the tensors
 says which part of an optimizer computes otherwise:
 
 - ``gradless``: they get no gradient on either side (an EMA or momentum copy, a weight set by hand);
+- ``placed``: a tensor's weights after the step are another tensor's of the reference (same shape): a
+  result gathered, broadcast or copied into another tensor's place;
 - ``1-D`` / ``N-D``: only the vectors (biases, norm weights) or only the matrices differ while the
   others agree: weight decay or a per-layer adaptation given to or kept from one kind;
 - ``N-D-rule``: only the matrices differ, in another direction, and not by a multiple of their weights
@@ -17,6 +19,7 @@ says which part of an optimizer computes otherwise:
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
@@ -38,6 +41,7 @@ class Ratio:
     gradless: bool
     shape: Tuple[int, ...] = ()
     decay: float = 1.0  # relative residual of the update's difference as a multiple of the weights before it
+    placed: str = ""  # another tensor whose weights after the step (the reference's) these are
 
     @property
     def same(self) -> bool:
@@ -103,6 +107,28 @@ def ratios(rank: SideLog, ref: SideLog, s: int) -> Dict[str, Ratio]:
             res = float((a - c * b).norm()) / max(float(a.norm()), abs(c) * math.sqrt(bb), 1e-300)
         gradless = _no_grad(rank.steps[s].grads.get(name)) and _no_grad(ref.steps[s].grads.get(name))
         out[name] = Ratio(c, res, t.dim(), gradless, tuple(t.shape), _decay(a - b, t.double().reshape(-1)))
+    return _placed(out, rank.steps[s + 1].params, ref.steps[s + 1].params)
+
+
+PLACES = 64  # tensors of one shape compared with each other at most
+
+
+def _placed(out: Dict[str, Ratio], mine: dict, theirs: dict) -> Dict[str, Ratio]:
+    """Each tensor whose update differs, with the name of another tensor of its shape whose weights after
+    the step (the reference's) rank 0's are: a result written into another tensor's place."""
+    by_shape: Dict[Tuple[int, ...], List[str]] = {}
+    for name, r in out.items():
+        by_shape.setdefault(r.shape, []).append(name)
+    for name, r in list(out.items()):
+        others = [o for o in by_shape[r.shape] if o != name][:PLACES]
+        if r.same or r.dims < 2 or not others or mine.get(name) is None:
+            continue
+        here = mine[name].double()
+        for o in others:
+            there = theirs.get(o)
+            if there is not None and float((here - there.double()).norm()) <= SAME * max(float(there.norm()), 1e-300):
+                out[name] = dataclasses.replace(r, placed=o)
+                break
     return out
 
 
@@ -113,6 +139,9 @@ def shape_of(found: Dict[str, Ratio], differ: List[str]) -> Tuple[str, str]:
         return "", ""
     if all(r.gradless for r in rs):
         return "gradless", "none of them gets a gradient on either side: they are updated outside the optimizer"
+    placed = [(n, found[n].placed) for n in differ if n in found and found[n].placed]
+    if placed:
+        return "placed", ", ".join(f"{n} holds the reference's {o}" for n, o in placed[:3])
     agree = [r for n, r in found.items() if n not in differ and r.same]
     along = all(r.residual <= DIRECTION and math.isfinite(r.c) for r in rs)
     shaped = _by_shape(rs) if along else ""
