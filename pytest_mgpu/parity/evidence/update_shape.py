@@ -110,7 +110,7 @@ def ratios(rank: SideLog, ref: SideLog, s: int) -> Dict[str, Ratio]:
     return _placed(out, rank.steps[s + 1].params, ref.steps[s + 1].params)
 
 
-PLACES = 64  # tensors of one shape compared with each other at most
+PLACES = 64  # comparisons at most, over all tensors (a failure's cost bounded on a large model)
 
 
 def _placed(out: Dict[str, Ratio], mine: dict, theirs: dict) -> Dict[str, Ratio]:
@@ -119,10 +119,12 @@ def _placed(out: Dict[str, Ratio], mine: dict, theirs: dict) -> Dict[str, Ratio]
     by_shape: Dict[Tuple[int, ...], List[str]] = {}
     for name, r in out.items():
         by_shape.setdefault(r.shape, []).append(name)
+    budget = PLACES
     for name, r in list(out.items()):
-        others = [o for o in by_shape[r.shape] if o != name][:PLACES]
-        if r.same or r.dims < 2 or not others or mine.get(name) is None:
-            continue
+        others = [o for o in by_shape[r.shape] if o != name][:budget]
+        if r.same or r.residual <= DIRECTION or r.dims < 2 or not others or mine.get(name) is None:
+            continue  # an update in the reference's direction is this tensor's own, scaled
+        budget -= len(others)
         here = mine[name].double()
         for o in others:
             there = theirs.get(o)
