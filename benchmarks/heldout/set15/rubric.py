@@ -76,11 +76,12 @@ RUBRIC = {
         r"(normali[sz]\w*|denominator|divisor|divid\w*|mean|averag\w*).{0,60}(local|per[- ]rank|rank's own)",
         r"(cross[- ]?entropy|classification loss|class loss|\bce\b).{0,60}(mean|averag\w*|normali[sz]\w*|reduction|divid\w*)"],
     "mean_teacher.teacher_update_rank0_only": [
-        rf"{_EMA}.{{0,80}}(rank 0|only one rank|one rank|other ranks|per[- ]rank|differ\w*|diverge\w*|stale|not updated|never updated|out of sync)",
-        rf"(rank 0|only on rank|other ranks).{{0,60}}{_EMA}"],
+        rf"{_EMA}.{{0,60}}updat\w*.{{0,60}}(rank 0|only one rank|one rank|other ranks|per[- ]rank|skipp\w*|missing|never)",
+        rf"(rank 0|only on rank|other ranks).{{0,60}}{_EMA}.{{0,40}}(updat\w*|stale|initial|never)",
+        rf"{_EMA} (weights|parameters|copies).{{0,40}}(stale|not updated|never updated)"],
     "mean_teacher.ema_before_step": [
-        rf"{_EMA}.{{0,80}}(before|after|order\w*|previous|stale|lag\w*|one step)", rf"(before|order\w*).{{0,60}}{_EMA}",
-        r"(update|step).{0,40}(order|before the optimi[sz]er)"],
+        rf"{_EMA}.{{0,80}}(before|after) (the )?(optimi[sz]er|step|update)", rf"{_EMA}.{{0,60}}(order\w*|previous (student )?weights|stale|lag\w*|one step (behind|late))",
+        rf"(before|order\w*).{{0,30}}(optimi[sz]er|step).{{0,40}}{_EMA}", r"(update|step).{0,40}(order|before the optimi[sz]er)"],
     "mean_teacher.ema_no_alpha_warmup": [
         rf"{_EMA}.{{0,80}}(decay|alpha|momentum|warm[- ]?up|ramp|rate|coefficient|schedule)",
         r"(decay|alpha).{0,60}(warm[- ]?up|ramp|fixed|constant|1 ?- ?1 ?/|global[_ ]step|schedule)"],
@@ -90,16 +91,16 @@ RUBRIC = {
     "mean_teacher.consistency_not_ramped": [
         r"consistency", r"ramp[- ]?up|rampup|ramp\b", r"(unsupervised|unlabell?ed) (loss )?weight"],
     "mean_teacher.teacher_copied_before_ddp": [
-        rf"{_EMA}.{{0,80}}(init\w*|start\w*|copied|copy|before|broadcast|differ\w*|per[- ]rank|seed\w*|diverge\w*)",
+        rf"{_EMA}.{{0,80}}(copied|copy|before (ddp|the broadcast|broadcast)|broadcast|seed\w*|(init\w*|start\w*).{{0,30}}differ\w*)",
         r"(init\w*|start\w*).{0,60}(differ\w*|per[- ]rank|not (broadcast|synchroni[sz]ed|the same))",
         r"(seed\w*).{0,40}(rank|differ\w*)", r"deep ?copy.{0,40}(before|ddp)"],
     # moe_bias_ep
     "moe_bias_ep.load_counted_locally": [
-        rf"(load|count\w*|tokens[- ]per[- ]expert|histogram|bincount|usage|bias).{{0,60}}(local|per[- ]rank|not ({_AR}|summed|global|synchroni[sz]ed)|differ\w*)",
+        rf"(load|count\w*|tokens[- ]per[- ]expert|histogram|bincount|usage).{{0,60}}(local|per[- ]rank|not ({_AR}|summed|global|synchroni[sz]ed)|differ\w*)",
         rf"(local|per[- ]rank) (load|count|tokens[- ]per[- ]expert|expert (load|count|usage))",
-        r"(routing|expert) bias.{0,40}(differ|diverge|rank)", r"(load[- ]balanc\w*|balanc\w*).{0,40}(bias|local|rank)"],
+        r"(routing|expert|balanc\w*) bias(es)?.{0,40}(differ|diverge|rank|local)", r"(load[- ]balanc\w*).{0,40}(local|rank)"],
     "moe_bias_ep.bias_in_gate_weights": [
-        r"bias.{0,60}(gate|gating|combine|routing|expert) (weight|prob\w*|score|coefficient)",
+        r"bias.{0,60}(gate|gating|combine|routing|expert|mixing)\w*.{0,20}(weight|prob\w*|score|coefficient)",
         r"(gate|gating|combine|routing) (weight|prob\w*|score|coefficient)s?.{0,60}bias",
         r"(biased|unbiased) (score|affinit\w*|prob\w*)"],
     "moe_bias_ep.expert_grads_not_divided": [
@@ -123,12 +124,10 @@ RUBRIC = {
     # amp_plateau
     "amp_plateau.val_loss_local": [
         rf"{_VAL}.{{0,80}}(local|per[- ]rank|not ({_AR}|averaged|reduced|synchroni[sz]ed|global))",
-        rf"(local|per[- ]rank|rank's own) {_VAL}", rf"{_PLATEAU}.{{0,80}}(local|per[- ]rank|differ\w*|diverge\w*)",
-        rf"{_LR}.{{0,60}}(differ\w*|diverge\w*|per[- ]rank|across ranks)"],
+        rf"(local|per[- ]rank|rank's own) {_VAL}", rf"{_PLATEAU}.{{0,80}}(local|per[- ]rank|rank's own) (val\w*|metric)"],
     "amp_plateau.val_rank0_only": [
         rf"({_VAL}|{_PLATEAU}).{{0,80}}(rank 0|only one rank|main process|other ranks)",
-        rf"(rank 0|only on rank|main process|other ranks).{{0,80}}({_VAL}|{_PLATEAU}|{_LR})",
-        rf"{_LR}.{{0,60}}(differ\w*|diverge\w*|per[- ]rank|across ranks)"],
+        rf"(rank 0|only on rank|main process|other ranks).{{0,80}}({_VAL}|{_PLATEAU}|{_LR})"],
     "amp_plateau.train_mode_not_restored": [
         r"(train|training)[ (-]?(mode)?.{0,60}(not restored|not (re)?set|never|missing|left|stays?|remain\w*)",
         r"eval(\(\))? mode.{0,60}(train|left|stays?|remain\w*|during)", r"model\.train\(\)", r"(dropout).{0,60}(off|disabled|inactive|not applied|eval)",
@@ -139,16 +138,18 @@ RUBRIC = {
     "amp_plateau.clip_before_unscale": [
         rf"{_CLIP}.{{0,80}}(scaled|unscal\w*|before|loss scale|grad ?scaler|scaler)", rf"(unscal\w*|scaler|loss scale).{{0,80}}{_CLIP}"],
     "amp_plateau.plateau_on_train_loss": [
-        rf"{_PLATEAU}.{{0,80}}(train\w* loss|batch loss|wrong (metric|loss|value)|local|per[- ]rank)",
-        rf"(train\w* loss|batch loss).{{0,60}}({_PLATEAU}|instead of (the )?{_VAL})", rf"{_LR}.{{0,60}}(differ\w*|diverge\w*|per[- ]rank|across ranks)"],
+        rf"{_PLATEAU}.{{0,80}}(train\w* loss|batch loss|wrong (metric|loss|value))",
+        rf"(train\w* loss|batch loss).{{0,60}}({_PLATEAU}|instead of (the )?{_VAL})"],
     "amp_plateau.dropout_mask_per_rank": [
-        rf"{_DROP}.{{0,60}}{_SAME}", rf"{_SAME}.{{0,60}}{_DROP}", r"dropout", r"(random|rng) (state|stream)"],
+        rf"{_DROP}.{{0,60}}{_SAME}", rf"{_SAME}.{{0,60}}{_DROP}", r"dropout.{0,60}(mask|draw\w*|random|rng|seed\w*)",
+        r"(random|rng) (state|stream)"],
     # accel_gpt2
     "accel_gpt2.clip_every_micro": [
         rf"{_CLIP}.{{0,80}}(micro[- ]?batch|every (step|batch|iteration|backward)|sync[_ ]gradients|accumulat\w*|partial|before (the )?(sync|all[_ -]?reduce))",
         rf"(micro[- ]?batch|accumulat\w*|partial).{{0,60}}{_CLIP}"],
     "accel_gpt2.no_accumulate_ctx": [
-        r"accumulat\w*", r"(optimi[sz]er|step)\w*.{0,60}(every|each) (micro[- ]?batch|batch|iteration|backward)",
+        r"accumulat\w*.{0,60}(missing|skipped|not used|disabled|context|ctx|no effect|ignored)", r"(no|without|missing|not using|forg\w*) .{0,20}accumulat",
+        r"(optimi[sz]er|step)\w*.{0,60}(every|each) (micro[- ]?batch|batch|iteration|backward)",
         r"(too many|extra|more|twice as many|double) (optimi[sz]er )?(steps|updates)"],
     "accel_gpt2.warmup_in_micro_steps": [
         rf"{_SCHED}.{{0,80}}(micro[- ]?(batch|step)\w*|accumulat\w*|length|too long|num_training_steps|total|steps? count)",
@@ -157,7 +158,7 @@ RUBRIC = {
         r"zero[_ ]?grad", r"(grad\w*).{0,60}(wiped|cleared|reset|zeroed|discarded|lost)",
         r"(accumulat\w*).{0,60}(wiped|cleared|reset|zeroed|discarded|lost|overwrit\w*)"],
     "accel_gpt2.split_batches_true": [
-        r"split[_ ]batch\w*", r"(batch|global batch)[- ]?(size)?.{0,60}(split|smaller|halv\w*|half|divided|shrink\w*)",
+        r"split[_ ]batch\w*", r"(global )?batch( size)?.{0,40}(split|smaller|halv\w*|half|shrink\w*)",
         r"(each|every) (process|rank).{0,40}(half|part|fraction|fewer rows)", r"(data|rows|samples|batch).{0,40}(differ|mismatch|not the same|wrong)"],
     "accel_gpt2.no_decay_by_name": [
         r"weight[_ ]decay", r"no[_ ]decay", r"(layer[_ ]?norm|ln_|\bln\b|norm weights?).{0,60}(decay|group)",
@@ -183,9 +184,9 @@ RUBRIC = {
         rf"{_SCHED}.{{0,80}}(epoch|per[- ]epoch|once|every batch|not stepped|step\w* (too )?(rarely|seldom|less))",
         rf"(epoch).{{0,60}}{_SCHED}", rf"{_LR}.{{0,60}}(schedul\w*|warm[- ]?up|stuck|constant|too (low|small|high|large)|differ\w*)"],
     "fabric_convnext.no_distributed_sampler": [
-        r"(distributed)?[_ ]?sampler", r"(data ?loader|loader|shard\w*|data).{0,60}(not (sharded|split|distributed)|same|duplicat\w*|identical|every (process|rank)|whole dataset)",
-        rf"{_SAME}.{{0,40}}(batch|batches|data|rows|samples)", r"(overlap\w*|duplicat\w*).{0,40}(rows|samples|data|batch)",
-        r"(input|data|batch|rows?).{0,40}(differ|mismatch|not the same|wrong)"],
+        r"distributed ?sampler", r"(data ?loader|loader|data).{0,40}not (sharded|split|distributed)",
+        r"(same|identical|duplicat\w*) (batch|batches|data|rows|samples)", r"(every|each) rank .{0,40}(whole|entire|full|same) (dataset|data)",
+        r"(overlap\w*|duplicat\w*).{0,40}(rows|samples|data|batch)"],
     "fabric_convnext.seed_everything_per_rank": [
         r"seed\w*.{0,60}(rank|sampler|shuffl\w*|permutation|differ\w*)", r"(sampler|shuffl\w*|permutation).{0,60}(seed\w*|overlap\w*|differ\w*|rank)",
         r"(overlap\w*|duplicat\w*).{0,40}(rows|samples|data|batch|shard)", r"(input|data|batch|rows?).{0,40}(differ|mismatch|not the same|wrong)"],
@@ -194,11 +195,11 @@ RUBRIC = {
         rf"{_CLIP}.{{0,80}}(micro[- ]?batch|every (step|batch|iteration|backward)|accumulat\w*|partial|local|unsynchroni[sz]ed|before (the )?(sync|all[_ -]?reduce))",
         rf"(micro[- ]?batch|accumulat\w*|partial).{{0,60}}{_CLIP}"],
     "peft_dora.dora_magnitude_not_optimized": [
-        r"magnitude", r"dora", r"(optimi[sz]er).{0,60}(missing|omit\w*|left out|exclud\w*|not (include|contain|cover)\w*|lacks?)",
-        r"(param\w*|head|score|weights?).{0,60}(not (in|part of) the optimi[sz]er|never (stepped|updated|trained)|frozen|not (trained|updated))"],
+        r"magnitude", r"dora.{0,40}(magnitude|optimi[sz]er)", r"(optimi[sz]er).{0,60}(missing|omit\w*|left out|exclud\w*|not (include|contain|cover)\w*|lacks?)",
+        r"(param\w*|head|score|weights?).{0,60}(not (in|part of) the optimi[sz]er|never (stepped|updated)|not stepped)"],
     "peft_dora.no_sync_on_last_micro": [
-        rf"{_NOSYNC}.{{0,80}}(last|final|wrong|sync\w*|{_AR}|never reduced|not (reduced|synchroni[sz]ed))",
-        rf"({_AR}|sync\w*).{{0,60}}(micro[- ]?batch|no[_ ]sync|last|final|accumulat\w*)", r"replicas? (diverge|differ|drift|disagree|out of sync)"],
+        r"no[_ ]sync.{0,80}(last|final|wrong|first)", rf"(last|final) micro[- ]?batch.{{0,60}}({_AR}|sync\w*|reduc\w*)",
+        rf"({_AR}|sync\w*).{{0,60}}(last|final) micro", r"replicas? (diverge|differ|drift|disagree|out of sync)"],
     "peft_dora.lr_scaled_world": [
         rf"{_LR}.{{0,80}}(scal\w*|world|factor|too (high|large)|times|double\w*|2x|multipl\w*)", rf"(scal\w*|linear scaling).{{0,60}}{_LR}"],
     "peft_dora.adapter_left_merged": [
