@@ -82,26 +82,39 @@ UPDATES = {  # the ranks' optimizer bug -> what the first cause starts with, and
                "each update is 1.1x the reference's, in its direction"),
     "ema_swapped": ("weights that get no gradient are updated otherwise",
                     "none of them gets a gradient on either side"),
+    # the loop's own SGD that scales matrices by their shape (tests/update_loops.py)
+    "inverted": ("the optimizer computes a shape scale of the updates otherwise",
+                 "each update is the reference's scaled by a factor set by the tensor's shape (0.612x for 16x6, 0.707x"),
+    "placed": ("the step writes a tensor's result into another tensor's place", "4.weight holds the reference's 8.weight"),
+    "row_normalised": ("the optimizer's own rule for the weight matrices computes their update in another direction",
+                       "only the matrices update otherwise, in another direction than the reference's"),
+    "decay_matrices": ("the optimizer updates the weight matrices otherwise (the 1-D parameters agree)",
+                       "only the matrices update otherwise, each by a multiple of its weights (a weight decay)"),
 }
+SHAPED = ("inverted", "placed", "row_normalised", "decay_matrices")
 
 
 @world_sizes(2)
-@pytest.mark.parametrize("bug", [""] + list(UPDATES))
+@pytest.mark.parametrize("bug", ["", "shaped"] + list(UPDATES))
 def test_how_the_update_differs_names_the_part_of_the_optimizer(dist, bug):
     """With the same weights and gradients, each tensor's update against the reference's: which tensors
-    differ (1-D ones, matrices, those with no gradient) and how (one factor) says which part of the step."""
-    check = functools.partial(dist.assert_same_training, reference_fn=L.reference_opt, world_size=dist.world_size,
+    differ (1-D ones, matrices, those with no gradient) and how (one factor, one per tensor shape, a multiple
+    of the weights, another direction, another tensor's result) says which part of the step. Both
+    optimizers are the loops' own: the step is located where it is written."""
+    train, reference, where = (U.train, U.reference, "ShapeScaled.step at update_loops.py:") \
+        if bug in SHAPED + ("shaped",) else (L.train_opt, L.reference_opt, "Trust.step at pass_loops.py:")
+    check = functools.partial(dist.assert_same_training, reference_fn=reference, world_size=dist.world_size,
                               steps=L.STEPS, record="optimizer")
-    if not bug:
-        assert check(L.train_opt).passed
+    if bug in ("", "shaped"):
+        assert check(train).passed
         return
     what, evidence = UPDATES[bug]
     with pytest.raises(ParityError) as info:
-        check(functools.partial(L.train_opt, bug=bug))
+        check(functools.partial(train, bug=bug))
     text = str(info.value)
     line = first_cause(text)
-    assert line.startswith("likely cause: " + what) and evidence in text.split("likely causes:")[1], line
-    assert "(optimizer.step; Trust.step at pass_loops.py:" in text.split("likely causes:")[1], "where its step is written"
+    assert line.startswith("likely cause: " + what) and evidence in text.split("likely causes:")[1], text
+    assert f"(optimizer.step; {where}" in text.split("likely causes:")[1], "where its step is written"
 
 
 @world_sizes(2)
@@ -199,33 +212,3 @@ def test_gradients_a_loop_sets_itself_are_said_so(dist):
     assert line.startswith("likely cause: the gradients the loop sets itself differ with the same weights (no "
                            "backward pass ran"), line
 
-
-SHAPED = {  # the ranks' rule for the matrices -> what the first cause starts with, and its evidence
-    "inverted": ("the optimizer computes a shape scale of the updates otherwise",
-                 "each update is the reference's scaled by a factor set by the tensor's shape (0.612x for 16x6, "
-                 "0.707x"),
-    "placed": ("the step writes a tensor's result into another tensor's place",
-               "4.weight holds the reference's 8.weight"),
-    "row_normalised": ("the optimizer's own rule for the weight matrices computes their update in another direction",
-                       "only the matrices update otherwise, in another direction than the reference's"),
-}
-
-
-@world_sizes(2)
-@pytest.mark.parametrize("bug", [""] + list(SHAPED))
-def test_an_update_scaled_by_shape_or_turned_names_the_matrices_rule(dist, bug):
-    """Matrices whose updates are each the reference's times one factor per shape (two layers of a shape
-    agreeing) are a shape scale; matrices turned, the vectors agreeing and no multiple of the weights, are
-    the matrices' own rule. The optimizer is the loop's own: its step is located in the loop's file."""
-    check = functools.partial(dist.assert_same_training, reference_fn=U.reference, world_size=dist.world_size,
-                              steps=L.STEPS, record="optimizer")
-    if not bug:
-        assert check(U.train).passed
-        return
-    what, evidence = SHAPED[bug]
-    with pytest.raises(ParityError) as info:
-        check(functools.partial(U.train, bug=bug))
-    text = str(info.value)
-    line = first_cause(text)
-    assert line.startswith("likely cause: " + what) and evidence in text.split("likely causes:")[1], text
-    assert "(optimizer.step; ShapeScaled.step at update_loops.py:" in text.split("likely causes:")[1], text

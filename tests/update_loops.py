@@ -2,7 +2,7 @@
 (``tests/test_step_passes.py``): SGD whose matrix steps are scaled by ``max(1, rows / cols) ** 0.5``, as
 Muon scales its orthogonalised update. ``bug`` changes the ranks' rule only: the scale inverted (columns
 over rows), each row's step normalised (another direction for the matrices, the vectors untouched), or two
-results of one shape written back into each other's places."""
+results of one shape written back into each other's places, or a weight decay given to the matrices."""
 import torch
 import torch.distributed as tdist
 from torch import nn
@@ -29,6 +29,8 @@ class ShapeScaled(torch.optim.Optimizer):
                 d = d * max(1.0, cols / rows if self.bug == "inverted" else rows / cols) ** 0.5
                 if self.bug == "row_normalised":
                     d = d / d.norm(dim=1, keepdim=True) * d.norm() / rows ** 0.5
+                if self.bug == "decay_matrices":
+                    d = d + 0.1 * p
             stepped.append((p, p - self.param_groups[0]["lr"] * d))
         if self.bug == "placed":  # the two 16x8 results written back in the other order (an owner map's slip)
             slots = [i for i, (p, _) in enumerate(stepped) if p.shape == (16, 8)]

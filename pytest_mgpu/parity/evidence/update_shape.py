@@ -125,10 +125,13 @@ def _placed(out: Dict[str, Ratio], mine: dict, theirs: dict) -> Dict[str, Ratio]
         if r.same or r.residual <= DIRECTION or r.dims < 2 or not others or mine.get(name) is None:
             continue  # an update in the reference's direction is this tensor's own, scaled
         budget -= len(others)
-        here = mine[name].double()
+        here = mine[name].double().reshape(-1)
         for o in others:
             there = theirs.get(o)
-            if there is not None and float((here - there.double()).norm()) <= SAME * max(float(there.norm()), 1e-300):
+            there = there.double().reshape(-1) if there is not None and there.numel() == here.numel() else None
+            if there is None or bool((there == there[0]).all()):
+                continue  # values all alike (zeros, ones): any such tensor would match
+            if float((here - there).norm()) <= SAME * float(there.norm()):
                 out[name] = dataclasses.replace(r, placed=o)
                 break
     return out
