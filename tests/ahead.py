@@ -55,10 +55,6 @@ class Lane:
             self.queue += [entry for entry in _needed(item) if entry not in self.queue]
         self.thread = threading.Thread(target=self._run, name="tests-ahead", daemon=True)
         if self.queue:
-            # pytest creates the base temporary folder on its first use, without a lock: made here,
-            # before the thread, a test's tmp_path and the lane's mktemp cannot each make one
-            # (the second call then reads the other's, and mktemp fails "not a normalized path").
-            factory.getbasetemp()
             self.thread.start()
 
     def _claim(self, entry: Ahead, by_lane: bool) -> bool:

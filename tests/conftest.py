@@ -263,6 +263,10 @@ def lane(request, tmp_path_factory):
     """The subprocess sessions registered with ``@ahead`` (tests/ahead.py) that this session's tests
     need, run in the background from its start; ``MGPU_TESTS_AHEAD=0`` runs each when its fixture is
     first asked for instead (as do xdist workers: each would start every module's)."""
+    # pytest makes its base temporary folder on first use, without a lock: made here, before the lane's
+    # thread, a test's tmp_path and the lane's mktemp cannot each make one (mktemp then fails "not a
+    # normalized and relative path": the second read of the base gets the other's)
+    tmp_path_factory.getbasetemp()
     started = Lane(tmp_path_factory, list(request.session.items), _ahead())
     yield started
 
