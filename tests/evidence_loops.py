@@ -172,13 +172,14 @@ def logged_reference(log, world_size: int, steps: int = 3) -> None:
 
 
 def scheduled(world_size: int, bug: str = "", steps: int = 4, micro: int = 1, reference: bool = False,
-              blocks: bool = False) -> None:
+              blocks: bool = False, clip: float = 0.0) -> None:
     """SGD with weight decay and a StepLR schedule, hand-written data parallelism (``reference=True``: one
     device, the global batch; with ``blocks`` as the ranks' W blocks, each block's mean loss backpropagated
     and the summed gradients divided by W: the same gradients, a loss counted W times). Bugs on the ranks:
     ``wd`` (weight decay 1e-4 relative off), ``sched_micro`` (the scheduler stepped after every micro-batch),
     ``sched_first`` (stepped before the optimizer), ``sched_epoch`` (stepped per epoch: never within these
-    steps)."""
+    steps); with ``clip`` (a max norm) the gradients are clipped before the step, and on the ranks
+    ``clip_micro`` clips after each micro-batch's backward instead, ``clip_late`` after opt.step()."""
     torch.manual_seed(0)
     net = Net()
     wd = 0.05 * (1 + 1e-4) if bug == "wd" and not reference else 0.05
@@ -191,14 +192,20 @@ def scheduled(world_size: int, bug: str = "", steps: int = 4, micro: int = 1, re
             (nn.functional.mse_loss(net(xm), ym) / (1 if blocks else micro)).backward()
             if bug == "sched_micro" and not reference:
                 sched.step()  # the scheduler stepped per micro-batch
+            if bug == "clip_micro" and not reference:
+                torch.nn.utils.clip_grad_norm_(net.parameters(), clip)  # each micro-batch's partial sum clipped
         if blocks:
             for p in net.parameters():
                 p.grad.div_(world_size)
         elif not reference:
             _average(net, world_size)
+        if clip and (reference or bug not in ("clip_micro", "clip_late")):
+            torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
         if bug == "sched_first" and not reference:
             sched.step()  # the scheduler stepped before the optimizer
         opt.step()
+        if bug == "clip_late" and not reference:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), clip)  # after the step: it used them unclipped
         if bug not in ("sched_micro", "sched_first", "sched_epoch") or reference:
             sched.step()
 
@@ -228,3 +235,52 @@ def amp_scaled(world_size: int, bug: str = "", steps: int = 4, reference: bool =
             torch.nn.utils.clip_grad_norm_(net.parameters(), 0.5)
         scaler.step(opt)
         scaler.update()
+
+
+class Shaky(nn.Module):
+    """A layer that acts in training mode only (a dropout whose mask is each row's own, the same on
+    both sides): a forward left in eval() computes otherwise."""
+
+    def forward(self, x):
+        return x * (1 + 0.5 * torch.sin(1000 * x.sum(1, keepdim=True))) if self.training else x
+
+
+def plateau(world_size: int, bug: str = "", steps: int = 5, reference: bool = False) -> None:
+    """Hand-written data parallelism, a validation pass after every step (``eval()``, ``no_grad``, the
+    summed loss and row count all-reduced, ``train()`` again) and ``ReduceLROnPlateau`` stepped with it.
+    ``reference=True``: one device backpropagates the ranks' W blocks one by one (its loss is W x a
+    rank's) and divides the summed gradients by W. Bugs on the ranks: ``metric_local`` (each rank's own
+    validation loss), ``metric_train`` (each rank's own training loss), ``eval_left`` (no ``train()``
+    after validation)."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(DIM, HIDDEN), Shaky(), nn.Tanh(), nn.Linear(HIDDEN, OUT))
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
+    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=0, threshold=0.0)
+    vx, vy = batch(99)
+    blocks = world_size if reference else 1
+    for step in range(steps):
+        x, y = batch(step) if reference else (t.chunk(world_size)[_rank()] for t in batch(step))
+        opt.zero_grad()
+        for xb, yb in zip(x.chunk(blocks), y.chunk(blocks)):
+            loss = nn.functional.mse_loss(net(xb), yb)
+            loss.backward()
+        if reference:
+            for p in net.parameters():
+                p.grad.div_(world_size)
+        else:
+            _average(net, world_size)
+        opt.step()
+        net.eval()
+        with torch.no_grad():
+            if reference:
+                val = nn.functional.mse_loss(net(vx), vy, reduction="sum") / len(vx)
+            else:
+                mine = nn.functional.mse_loss(net(vx.chunk(world_size)[_rank()]), vy.chunk(world_size)[_rank()],
+                                              reduction="sum")
+                total = torch.stack([mine, torch.tensor(float(len(vx) // world_size))])
+                if bug != "metric_local":
+                    tdist.all_reduce(total)
+                val = total[0] / total[1]
+        if bug != "eval_left" or reference:
+            net.train()
+        sched.step(loss.detach() if bug == "metric_train" and not reference else val)

@@ -231,3 +231,50 @@ def test_a_factor_equal_to_the_grad_scalers_scale_names_the_scaler_and_its_order
     assert line.startswith("likely cause: gradients clipped while still multiplied by the GradScaler's scale (65536, "
                            "with clip_grad_norm_ before scaler.unscale_) ("), line
     assert "reduction='mean'" not in line and "Fix: call scaler.unscale_(optimizer) before clip_grad_norm_" in text, text
+
+
+@world_sizes(2)
+@pytest.mark.parametrize("bug, micro, cause", [
+    ("clip_late", 1, "clip_grad_norm_ runs before the step's backward (after the previous optimizer.step or "
+                     "zero_grad): the step uses unclipped gradients (at step 1 rank 0 clipped before its backward, "
+                     "after step 0's optimizer.step"),
+    ("clip_micro", 2, "the gradients are clipped on every micro-batch (clip_grad_norm_ between the backward passes"),
+])
+def test_a_clip_out_of_its_place_in_the_step_is_named_by_the_order_of_the_calls(dist, bug, micro, cause):
+    """The ranks clip after opt.step() (read at the next step: before its backward) or after every micro-batch's
+    backward; the reference clips once before the step (with one micro-batch it backpropagates its W blocks'
+    losses one by one: its loss is W x the ranks', counted otherwise, not a cause). The correct loop passes."""
+    ref = P(L.scheduled, reference=True, blocks=micro == 1, micro=micro, clip=0.05, steps=4)
+    assert dist.assert_same_training(P(L.scheduled, clip=0.05, micro=micro, steps=4), ref, dist.world_size, steps=4,
+                                     record="optimizer").passed
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(P(L.scheduled, bug=bug, clip=0.05, micro=micro, steps=4), ref, dist.world_size,
+                                  steps=4, record="optimizer")
+    line = str(info.value).splitlines()[1]
+    print(line)
+    assert line.startswith(f"likely cause: {cause}"), line
+    assert f"at {_line_of(L.scheduled, '# each micro' if bug == 'clip_micro' else '# after the step: it used')}" \
+           in line, line
+    assert "no clipping call was seen" not in str(info.value), str(info.value)
+
+
+@world_sizes(2)
+@pytest.mark.parametrize("bug, cause", [
+    ("metric_local", "the scheduler's metric differs between ranks (each rank's own value, e.g. its shard's validation "
+                     "loss, not all-reduced) (scheduler.step(metric) after step "),
+    ("metric_train", "the scheduler is stepped with each rank's own training loss, not a metric the ranks share ("),
+    ("eval_left", "the model runs in another mode (train/eval) on one side (at step 1 the training forward of the ranks "
+                  "ran with modules in eval mode"),
+])
+def test_a_validation_pass_and_a_plateau_scheduler_are_read_from_the_run(dist, bug, cause):
+    """ReduceLROnPlateau stepped with a validation loss the ranks all-reduce: the metric each rank gave it is
+    recorded (a rank's own, or the loss it backpropagated, is said so); a model left in eval() after validation
+    is named at the step it trains in eval mode, though the reference's loss is counted otherwise before it."""
+    ref = P(L.plateau, reference=True)
+    assert dist.assert_same_training(L.plateau, ref, dist.world_size, steps=5, record="optimizer").passed
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(P(L.plateau, bug=bug), ref, dist.world_size, steps=5, record="optimizer")
+    line = str(info.value).splitlines()[1]
+    print(line)
+    assert line.startswith(f"likely cause: {cause}"), line
+    assert f"at {_line_of(L.plateau, 'sched.step(' if bug != 'eval_left' else 'loss = nn.functional')}" in line, line

@@ -13,6 +13,7 @@ from .facts import UserFacts
 from .finding import Finding, Report
 from .located import located
 from .possible import possible_causes
+from .schedule_causes import SCHEDULE
 from .forward_causes import FORWARD
 from .table import TABLE, Cause
 from .update_causes import UPDATE
@@ -28,7 +29,7 @@ NO_CAUSE: Final = ("no known cause detected: look for rank-dependent code, non-d
 
 
 def cause_of(x: Finding, f: UserFacts) -> Optional[Cause]:
-    return next((c for c in TABLE + UPDATE + FORWARD if c.signal == x.signal and c.when(x, f)), None)
+    return next((c for c in TABLE + SCHEDULE + UPDATE + FORWARD if c.signal == x.signal and c.when(x, f)), None)
 
 
 def said(x: Finding, f: UserFacts) -> str:
@@ -55,11 +56,11 @@ def localise(report: Report) -> List[Finding]:
     f = report.facts
     if not isinstance(f, UserFacts):
         return []
-    found = state.findings(report, f) + conduct.findings(report, f) + inputs.findings(f) + \
-        outputs.findings(report, f) + loss.findings(report, f) + gradients.findings(report, f) + update.findings(report, f)
     first = report.first_divergence
     while first is not None and first < len(report.records) - 1 and loss.counted_otherwise(report, f, first):
         first += 1  # a loss counted otherwise beside the same gradients: training diverges later
+    found = state.findings(report, f) + conduct.findings(report, f, first) + inputs.findings(f) + \
+        outputs.findings(report, f) + loss.findings(report, f) + gradients.findings(report, f) + update.findings(report, f)
     if first is not None:
         found = [x for x in found if x.step <= first]
     found.sort(key=lambda x: (x.signal in PASSES_ON or cause_of(x, f) is None, x.order))

@@ -19,8 +19,9 @@ from .finding import Finding, Report
 Where = Dict[str, Tuple[str, ...]]
 
 
-def findings(report: Report, f: UserFacts) -> List[Finding]:
-    step = report.first_divergence
+def findings(report: Report, f: UserFacts, step: Optional[int]) -> List[Finding]:
+    """The facts of ``step``: the first that diverges (past a loss counted otherwise beside the same
+    gradients: where training diverges)."""
     if step is None or step >= len(f.rank_where) or not f.rank_where[step]:
         return []
     ranks: List[Where] = f.rank_where[step]

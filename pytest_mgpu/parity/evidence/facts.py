@@ -77,6 +77,8 @@ class UserFacts(RunFacts):
     ref_where: List[Dict[str, Tuple[str, ...]]] = field(default_factory=list)  # per step: the reference's
     rank_scaler: List[List[tuple]] = field(default_factory=list)  # per step, per rank: (GradScaler scale, call order)
     ref_scaler: List[tuple] = field(default_factory=list)  # per step: the reference's
+    rank_metrics: List[List[List[float]]] = field(default_factory=list)  # per step, per rank: scheduler.step(metric)s
+    ref_metrics: List[List[float]] = field(default_factory=list)  # per step: the reference's (each after a step)
     rank_probes: List[list] = field(default_factory=list)  # per rank: step 0's outputs and their gradients
     ref_probes: list = field(default_factory=list)  # the reference's (record/probe.py)
     ref_parts: List[float] = field(default_factory=list)  # step 0: each reference row's sequence_split parts' prints

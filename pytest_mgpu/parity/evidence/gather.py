@@ -65,6 +65,8 @@ def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Lay
     facts.ref_where = [s.where for s in ref.steps]
     facts.rank_scaler = [[side.steps[i].scaler for side in ranks] for i in range(steps)]
     facts.ref_scaler = [s.scaler for s in ref.steps]
+    facts.rank_metrics = [[side.steps[i].metrics for side in ranks] for i in range(steps)]
+    facts.ref_metrics = [s.metrics for s in ref.steps]
     facts.ref_probes = list(ref.steps[0].probes) if ref.steps else []
     # a pipeline's first stage returns activations, not the model's outputs: nothing the reference's match
     facts.rank_probes = [] if layout.pipeline else [list(ranks[r].steps[0].probes) if ranks[r].steps else []

@@ -13,6 +13,7 @@ from typing import Dict, List, Optional
 from ..judge.tolerance import EPS
 from ..record.recorder import SideLog
 from ..records import TensorError
+from . import clip_order
 from .conditions import passes_at
 from .facts import REFERENCE, UserFacts
 from .finding import (Finding, Report, common_factor, factor_words, listed, modules_of, over, plain_name, replica_of,
@@ -22,7 +23,8 @@ SAME_CLIP = 1e-2  # relative: a clip factor from the same norm, up to the sides'
 
 
 def findings(report: Report, f: UserFacts) -> List[Finding]:
-    out = [_zeroed(f), _carried(f), _clipping(report, f), _replicas(report, f), _against_reference(report, f)] + _stages(report, f)
+    out = [_zeroed(f), _carried(f), *clip_order.findings(report, f), _clipping(report, f), _replicas(report, f),
+           _against_reference(report, f), *_stages(report, f)]
     return [x for x in out if x is not None]
 
 
@@ -225,7 +227,7 @@ def _clipping(report: Report, f: UserFacts) -> Optional[Finding]:
         mine = ranks[0] if ranks else []
         if bool(mine) != bool(ref):
             one = mine or ref
-            if moved and one and math.isfinite(one[0]) and one[0] < 1:
+            if moved and one and math.isfinite(one[0]) and one[0] < 1 and not (ref and clip_order.clipped_next(f, step)):
                 who, other = ("fn on the ranks", REFERENCE) if mine else (REFERENCE, "fn on the ranks")
                 return Finding(step, "gradients", "a value", "clip-one-side",
                                f"at step {step} {who} clipped its gradients by a factor of {one[0]:.4g} "

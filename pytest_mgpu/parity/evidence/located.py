@@ -17,7 +17,8 @@ from .finding import Finding
 
 # signal (or its prefix before "-") -> the call kinds that make it; "between" reads two
 BY_SIGNAL: Final[Dict[str, Tuple[str, ...]]] = {
-    "lr-rank": ("scheduler.step",), "lr-faster": ("scheduler.step",), "lr-schedule": ("scheduler.step",),
+    "lr-rank": ("scheduler.step",), "lr-metric": ("scheduler.step",), "lr-metric-loss": ("scheduler.step",),
+    "lr-faster": ("scheduler.step",), "lr-schedule": ("scheduler.step",),
     "lr-ahead": ("scheduler.step",), "lr-slower": ("scheduler.step",), "lr-frozen": ("scheduler.step",),
     "lr-held": ("scheduler.step",), "lr-warm-up": ("scheduler.step",), "untrained-forward": ("forward",),
     "start-moved": ("optimizer.step",),

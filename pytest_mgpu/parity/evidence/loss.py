@@ -63,6 +63,16 @@ def in_passes(f: UserFacts, step: int, k: float) -> bool:
     return abs(k / (sum(ranks) / len(ranks) / ref) - 1) < EXACT
 
 
+def _fewer_passes(f: UserFacts, step: int) -> bool:
+    """The ranks backpropagated fewer passes at ``step`` than the reference (its W blocks, a rank its own):
+    a loss that is the ratio of the passes (``in_passes``) is then the same per pass, whatever clipping
+    or a scaler then did to the gradients. (More passes on the ranks summing to more is the signature
+    of an accumulation not divided, which the gradients must tell apart.)"""
+    ranks = f.rank_step_backwards[step] if step < len(f.rank_step_backwards) else []
+    ref = f.ref_step_backwards[step] if step < len(f.ref_step_backwards) else 0
+    return bool(ranks) and all(ranks) and max(ranks) < ref
+
+
 def _grads_contradict(report: Report, f: UserFacts, k: float, step: int = 0) -> bool:
     """The step's gradients were compared, nothing clipped them, and they are not ``k`` x the reference's in
     every tensor: a loss scaled by ``k`` before backward would have scaled them all by ``k`` (the reference
@@ -122,7 +132,8 @@ def _other(report: Report, f: UserFacts) -> Optional[Finding]:
         k = loss_factor(f, step)
         if f.sequence_split and math.isfinite(k) and any(abs(k * t - 1) < SPLIT_SUM for t in (f.sequence_split, 1)):
             continue  # the parts' losses add up to the reference's (a sum over the sequence's parts) or average to it
-        passes = in_passes(f, step, k) and (_grads_contradict(report, f, k, step) or not _grad_ratios(report, step))
+        passes = in_passes(f, step, k) and (_fewer_passes(f, step) or _grads_contradict(report, f, k, step)
+                                            or not _grad_ratios(report, step))
         if bad and not trained_alike(report, f, step) and not passes and not batch_differs(f, step):
             shown = f" ({k:.4g}x the reference's)" if math.isfinite(k) else ""
             split = term_split(report, step)

@@ -10,6 +10,7 @@ from .facts import UserFacts
 from .finding import Finding
 
 SAME_LR = 1e-9  # relative: one schedule computes the same float on both sides
+SAME_METRIC = 1e-6  # relative: one metric, computed alike (float32 rounding apart)
 
 
 def differs(a: float, b: float, rel: float) -> bool:
@@ -31,6 +32,9 @@ def lr_finding(f: UserFacts) -> Optional[Finding]:
             continue
         if len(off) < len(ranks) and f.world_size > 1:
             r = off[0]
+            by_metric = metric_finding(f, step, r)
+            if by_metric is not None:
+                return by_metric
             return Finding(step, "state", "one rank alone", "lr-rank",
                            f"at step {step} rank {r} stepped with lr {ranks[r][0]:.6g}, rank(s) "
                            f"{', '.join(str(i) for i in range(len(ranks)) if i not in off)} and the reference "
@@ -38,6 +42,34 @@ def lr_finding(f: UserFacts) -> Optional[Finding]:
                            "Fix: build the optimizer and scheduler alike on every rank.", names=(str(r),))
         return _groups(f, step, ranks[off[0]], ref) or _schedule(f, step)
     return None
+
+
+def metric_finding(f: UserFacts, step: int, r: int) -> Optional[Finding]:
+    """Rank ``r``'s lr differs at ``step``, and before it the ranks gave their scheduler (``ReduceLROnPlateau``)
+    metrics that differ: each its own value, not one reduced across them. Where a rank's metric is the loss
+    it backpropagated at that step (a GradScaler's scale divided out), that is said."""
+    for s in range(1, min(step, len(f.rank_metrics) - 1) + 1):  # a metric given after step s - 1
+        given = [m[-1] if m else math.nan for m in f.rank_metrics[s]]
+        if len(given) < 2 or not all(math.isfinite(v) for v in given) or \
+                not any(differs(v, given[0], SAME_METRIC) for v in given):
+            continue
+        ref = f.ref_metrics[s] if s < len(f.ref_metrics) and f.ref_metrics[s] else []
+        theirs = f" (the reference {ref[-1]:.4g})" if ref else ""
+        values = ", ".join(f"{v:.4g} on rank {i}" for i, v in enumerate(given[:4]))
+        own = all(_is_training_loss(f, s - 1, i, v) for i, v in enumerate(given))
+        return Finding(step, "state", "one rank alone", "lr-metric-loss" if own else "lr-metric",
+                       f"scheduler.step(metric) after step {s - 1} got {values}{theirs}"
+                       f"{', the loss each backpropagated' if own else ''}; at step {step} rank {r}'s lr is "
+                       f"{f.rank_lrs[step][r][0]:.4g}, the reference's {f.ref_lrs[step][0]:.4g}", names=(str(r),))
+    return None
+
+
+def _is_training_loss(f: UserFacts, step: int, r: int, metric: float) -> bool:
+    """``metric`` is the loss rank ``r`` backpropagated at ``step`` (divided by its GradScaler's scale)."""
+    losses = f.rank_losses[step] if 0 <= step < len(f.rank_losses) else []
+    scalers = f.rank_scaler[step] if step < len(f.rank_scaler) else []
+    scale = scalers[r][0] if r < len(scalers) and scalers[r] and math.isfinite(scalers[r][0]) else 1.0
+    return r < len(losses) and math.isfinite(losses[r]) and not differs(losses[r] / scale, metric, SAME_METRIC)
 
 
 def _groups(f: UserFacts, step: int, mine: List[float], ref: List[float]) -> Optional[Finding]:

@@ -63,47 +63,6 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "otherwise on some rank (an off-by-one, the wrong rank or group used, or another split of a fused weight)."),
     Cause("start-other", "fn and reference_fn start from different weights", "seed both sides alike right before "
           "building the model, or load one state_dict into both"),
-    Cause("lr-rank", "one rank's learning rate differs", SAME_OPT),
-    Cause("lr-factor", "the ranks' learning rate is 1/world size of the reference's (scaled with the per-rank batch, "
-          "not the global one)", "scale the lr with the global batch (the per-rank batch x the data-parallel ranks) "
-          "on the ranks, as the reference's batch is", "The lr is scaled by the local batch on the ranks.", inverse),
-    Cause("lr-factor", "the ranks' learning rate is world size x the reference's (scaled by the world size once too "
-          "often)", "scale the lr alike on both sides: by the global batch, once", "The lr is scaled by the world size "
-          "on the ranks and not in the reference, or twice.", world),
-    Cause("lr-factor", "the learning rate differs", SAME_LR, "The lr is scaled (by the world size or the global "
-          "batch) on one side."),
-    Cause("lr-faster", "the learning rate differs", "call scheduler.step() right after optimizer.step(), once per step",
-          "The scheduler is stepped per micro-batch (several times per optimizer step).",
-          lambda x, f: f.rank_backwards > 1),
-    Cause("lr-faster", "the learning rate differs", "step the scheduler once per optimizer step, and build it for the "
-          "reference's number of steps", "The ranks' schedule runs faster: a scheduler stepped more than once per "
-          "optimizer step, or built for fewer steps (another total_steps, step_size or warm-up)."),
-    Cause("lr-ahead", "the learning rate schedule runs ahead of the reference's", "call scheduler.step() after "
-          "optimizer.step(), and only on steps the optimizer took (scaler.step may skip one: step the scheduler when "
-          "scaler.get_scale() did not drop)", "The scheduler is stepped before the optimizer, once more at the start, "
-          "or on iterations whose optimizer step a GradScaler skipped."),
-    Cause("lr-slower", "the learning rate schedule runs at half the reference's rate", "build the scheduler for the "
-          "number of optimizer steps the ranks take (total_steps, num_training_steps from the per-rank loader length "
-          "and the accumulation), and step it once per optimizer step", "The schedule was built for twice the ranks' "
-          "steps (a length from another loader or batch), or is stepped every other update."),
-    Cause("lr-frozen", "the ranks' learning rate schedule never moves", "step the scheduler once per optimizer step "
-          "(scheduler.step(), or a per-update call such as timm's step_update(num_updates)), as the reference does",
-          "The scheduler is stepped per epoch, or not at all, where the reference steps it per update."),
-    Cause("lr-groups", "the param groups' lrs stand otherwise to each other than in the reference (a per-group "
-          "lr scale, e.g. layer-wise lr decay's lr_scale, left out, reversed or moved)", "give each param group the same lr (base lr x its own scale) on both sides, and keep the scale "
-          "when the schedule writes the lr into the groups", "A schedule that sets one lr in every group, or scales "
-          "built from other layer ids, names or order."),
-    Cause("lr-held", "the ranks' lr is set once per epoch (or every few steps); the reference's changes every "
-          "iteration", "set the lr at every optimizer step (scheduler.step() per update, or the "
-          "per-iteration adjust at the fractional epoch), as the reference does", "An lr computed from the "
-          "integer epoch, or a scheduler stepped per epoch."),
-    Cause("lr-warm-up", "the ranks' warm-up is counted in other units (it lasts another number of steps)", "count the warm-up and the schedule's length in the optimizer steps the ranks take: iterations "
-          "per epoch from the ranks' loader (the global batch), not from the rank's batch or the data set's size",
-          "Iterations per epoch taken from the per-rank batch (W x too many), or a warm-up given in epochs on one "
-          "side and in steps on the other."),
-    Cause("lr-schedule", "the learning rate differs", "step and restore the scheduler alike on both sides",
-          "A scheduler stepped at another rate or point, created with other arguments, restarted, or not restored "
-          "with a checkpoint (its state_dict saved and loaded beside the optimizer's)."),
     Cause("hyper", "the optimizer's hyperparameters differ", "build the optimizer with the same arguments and "
           "parameter groups on every rank and in the reference"),
     Cause("groups", "the optimizer's parameter groups differ", "build the param groups alike on both sides (the same "
@@ -273,6 +232,12 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "With the same weights and rows, the loss differs: a mean over this rank's tokens, boxes or rows where the "
           "reference divides by the global count, a contrastive or global term without the other ranks' outputs, "
           "another reduction or loss function."),
+    Cause("clip-order", "clip_grad_norm_ runs before the step's backward (after the previous optimizer.step or "
+          "zero_grad): the step uses unclipped gradients", "call clip_grad_norm_ after the step's last backward (after scaler.unscale_ with a "
+          "GradScaler) and before optimizer.step"),
+    Cause("clip-micro", "the gradients are clipped on every micro-batch (clip_grad_norm_ between the backward passes "
+          "of one optimizer step): each partial sum is clipped, not the accumulated gradient", "clip once per optimizer "
+          "step, after the last micro-batch's backward (with accelerate: under `if accelerator.sync_gradients:`)"),
     Cause("clip-one-side", CLIP, "call torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) on both sides",
           "One side clips by hand (with a norm of its local shards) or not at all."),
     Cause("clip-ranks", CLIP, "clip on every rank, with the norm of the whole model's gradients (clip_grad_norm_ on "

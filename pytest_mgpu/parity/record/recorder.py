@@ -42,9 +42,10 @@ class StepLog:
     zeroed: List[int] = field(default_factory=list)  # backward passes before which every gradient was zero again
     modes: Tuple[int, int] = (0, 0)  # (in eval mode, in all) among the BatchNorm and dropout modules
     where: Dict[str, Tuple[str, ...]] = field(default_factory=dict)  # hook kind -> "file:line" in the loop (where.py)
-    scaler: Tuple[float, Tuple[str, ...]] = (float("nan"), ())  # a GradScaler's scale, its scale/unscale_/clip order
+    scaler: Tuple[float, Tuple[str, ...]] = (float("nan"), ())  # a GradScaler's scale; the step's scale/backward/unscale_/clip calls in order
     chunks: Dict[int, List[float]] = field(default_factory=dict)  # k -> the rows' k equal parts' fingerprints
     probes: List[Any] = field(default_factory=list)  # the first step's outputs and their gradients (probe.py)
+    metrics: List[float] = field(default_factory=list)  # scheduler.step(metric) calls since the previous step
 
     def __reduce__(self):
         """Crosses back packed: every tensor of a step in one flat buffer per dtype. Measured on the
@@ -52,7 +53,7 @@ class StepLog:
         0.02 s (a parity call moves one such record per rank, and one for the reference)."""
         return unpack_step, (self.loss, pack(self.grads), pack(self.params), self.rows, self.backwards, self.lrs,
                              self.clips, self.state, self.hyper, self.untrained, self.raw_norm, self.zeroed, self.modes,
-                             self.where, self.scaler, self.chunks, self.probes)
+                             self.where, self.scaler, self.chunks, self.probes, self.metrics)
 
 
 def pack(tensors: Dict[str, Any]):
@@ -116,10 +117,10 @@ def unpack(packed) -> Dict[str, Any]:
 
 def unpack_step(loss: float, grads, params, rows, backwards=1, lrs=(), clips=(), state=(0, -1.0), hyper=(),
                 untrained=None, raw_norm=float("nan"), zeroed=(), modes=(0, 0), where=None,
-                scaler=(float("nan"), ()), chunks=None, probes=()) -> "StepLog":
+                scaler=(float("nan"), ()), chunks=None, probes=(), metrics=()) -> "StepLog":
     return StepLog(loss, unpack(grads), unpack(params), rows, backwards, list(lrs), list(clips), tuple(state),
                    list(hyper), dict(untrained or {}), raw_norm, list(zeroed), tuple(modes), dict(where or {}),
-                   (scaler[0], tuple(scaler[1])), dict(chunks or {}), list(probes))
+                   (scaler[0], tuple(scaler[1])), dict(chunks or {}), list(probes), list(metrics))
 
 
 @dataclass

@@ -30,7 +30,8 @@ from .recorder import (SideLog, StepLog, clean_name, describe, dtype_name, fsdp1
                        unwrap)
 from .fsdp1_flat import expand, is_flat, units
 from .prints import weights
-from .watch import Inputs, Watch
+from .inputs import Inputs
+from .watch import Watch
 from .where import STEP_DEFINED, add, frozen, step_defined, user_line
 
 
@@ -137,7 +138,7 @@ class StepRecorder:
                                                             list(self.watch.stateful.values()), census,
                                                             {i for ids, _ in self._names.values() for i in ids}),
                 seen.raw_norms[-1] if seen.raw_norms else float("nan"), seen.zeroed, eval_modes(models, census),
-                frozen(seen.where), (seen.scale, tuple(seen.order)), seen.chunks, seen.probes))
+                frozen(seen.where), (seen.scale, tuple(seen.order)), seen.chunks, seen.probes, seen.metrics))
         census.clear()  # the next step's forward passes walk them again
         if self.on_first and len(self.side.steps) == 1:
             self.on_first(self.side)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
-from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ...timing.structure.counter import quiet
@@ -33,42 +32,13 @@ from .census import Census
 from .context import in_function, pipeline_inference
 from .fsdp1_flat import is_flat
 from .calls import fsdp1_clip, scheduler_steps
+from .inputs import Inputs
 from .prints import chunk_prints, fingerprint
 from .probe import Probe, attach, loss_backward
 from .trail import Trail, holder_of
 from .scaler import scaler_calls
 from .sync import UNSYNCED_LAST, ddp_sync_off, fsdp2_sync
-from .where import EVAL_FORWARD, TRAIN_NO_GRAD, add, call_kwargs, merged, user_line
-
-
-@dataclass
-class Inputs:
-    """What one step saw before its ``optimizer.step()``: the rows its forward calls took
-    (outermost modules with parameters only), the scalars it backpropagated, its gradient clipping."""
-
-    rows: List[float] = field(default_factory=list)  # one fingerprint per input row
-    calls: int = 0  # forward calls of the trained model(s) in this step (micro-batches, accumulation)
-    losses: List[float] = field(default_factory=list)  # every scalar backpropagated since the last step
-    pipeline: bool = False  # backpropagated by a torch.distributed.pipelining schedule (per micro-batch)
-    clips: List[Tuple[float, float, bool]] = field(default_factory=list)  # (total norm, max_norm, of DTensors) per clip call
-    raw_norms: List[float] = field(default_factory=list)  # per backward pass: the total gradient norm it left (NaN: sharded)
-    zeroed: List[int] = field(default_factory=list)  # backward passes (1-based) before which every gradient was zero again
-    where: Dict[str, List[str]] = field(default_factory=dict)  # hook kind -> "file:line" in the user's code (where.py)
-    eval_rows: List[float] = field(default_factory=list)  # rows of forwards in eval mode (validation, where others train)
-    scale: float = math.nan  # the GradScaler's scale its last scale(loss) multiplied by (NaN: no scaler)
-    order: List[str] = field(default_factory=list)  # "scale", "unscale_", "clip" in the order the loop called them
-    chunks: Dict[int, List[float]] = field(default_factory=dict)  # k -> each row's k equal parts' fingerprints
-    probes: List[Any] = field(default_factory=list)  # the first step's outputs and their gradients (probe.py)
-
-    def loss(self) -> float:
-        """The step's loss, combined as its gradients are: the sum of the scalars backpropagated
-        (a loop that accumulates divides them itself); a pipeline schedule backpropagates each
-        micro-batch's loss undivided and scales the gradients by 1/n instead, so there the mean.
-        NaN where nothing was backpropagated (a pipeline stage that holds no loss)."""
-        if not self.losses:
-            return math.nan
-        total = math.fsum(self.losses)
-        return total / len(self.losses) if self.pipeline else total
+from .where import EVAL_FORWARD, TRAIN_NO_GRAD, add, call_kwargs, user_line
 
 
 def total_norm(grads: List[Any]) -> float:
@@ -326,16 +296,13 @@ class Watch:
 
     def put_back(self, seen: Inputs) -> None:
         """A step that was not counted: what it saw belongs to the next one."""
-        now = self._inputs
-        self._inputs = Inputs(seen.rows + now.rows, seen.calls + now.calls, seen.losses + now.losses,
-                              seen.pipeline or now.pipeline, seen.clips + now.clips, seen.raw_norms + now.raw_norms,
-                              seen.zeroed + now.zeroed, merged(seen.where, now.where), seen.eval_rows + now.eval_rows,
-                              now.scale if now.order else seen.scale, seen.order + now.order)
+        self._inputs = seen.then(self._inputs)
 
     def saw_loss(self, loss, caller: str) -> None:
         self.loss = loss
         with quiet():  # reading a DTensor loss may gather it: ours, not the loop's
             self._inputs.losses.append(float(loss.reshape(()).double().item()))
+        self._inputs.order.append("backward")
         self._inputs.pipeline = self._inputs.pipeline or caller.startswith("torch.distributed.pipelining")
 
     def before_backward(self) -> None:
@@ -376,8 +343,11 @@ class Watch:
     def saw_sync(self, requires: bool) -> None:
         self.fsdp_sync = requires
 
-    def saw_schedule(self) -> None:
+    def saw_schedule(self, metric: Any = None) -> None:
         add(self._inputs.where, "scheduler.step", user_line())
+        if metric is not None:
+            with quiet():  # a tensor metric read here: ours, not the loop's
+                self._inputs.metrics.append(float(metric))
 
     def saw_clip(self, total, max_norm) -> None:
         add(self._inputs.where, "clip_grad_norm_", user_line())
