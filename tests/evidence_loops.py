@@ -89,7 +89,7 @@ def hand_dp(world_size: int, bug: str = "", steps: int = 4, micro: int = 1, vali
             with torch.no_grad():
                 net.head.weight.mul_(1.01)  # a change outside the optimizer, on one rank
         if teacher is not None and not (bug == "ema_rank0_only" and _rank() != 0):
-            teacher.update(net, momentum=0.8 if bug == "ema_momentum" else 0.9)
+            teacher.update(net, momentum=ema_momentum(bug, step + (bug == "ema_ahead"), ranks=True))
 
 
 def reference(world_size: int, bug: str = "", steps: int = 4, micro: int = 1) -> None:
@@ -111,7 +111,17 @@ def reference(world_size: int, bug: str = "", steps: int = 4, micro: int = 1) ->
         loss.backward()
         opt.step()
         if teacher is not None:
-            teacher.update(net)
+            teacher.update(net, momentum=ema_momentum(bug, step))
+
+
+def ema_momentum(bug: str, step: int, ranks: bool = False) -> float:
+    """0.9, or warmed up as min(1 - 1 / (step + 1), 0.9) (timm's and Mean Teacher's) where ``bug`` is
+    ``ema_warm`` (the ranks leave the warm-up out) or ``ema_ahead`` (the ranks count it from step 1); the
+    ranks' ``ema_momentum``: 0.8."""
+    if bug == "ema_momentum" and ranks:
+        return 0.8
+    warm = bug == "ema_ahead" or (bug == "ema_warm" and not ranks)
+    return min(1 - 1 / (step + 1), 0.9) if warm else 0.9
 
 
 def ddp_bf16(world_size: int, steps: int = 3) -> None:

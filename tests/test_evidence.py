@@ -37,11 +37,16 @@ CASES = {
                             "the gradients the optimizer was given differ between ranks", "only in gate"),
     "zero_grad_micro": (2, "likely cause: gradients zeroed between micro-batches (at step 0 every gradient of fn on "
                            "the ranks was zero again before backward pass 2", "Fix: call optimizer.zero_grad() once"),
-    "ema_rank0_only": (1, "likely cause: state no optimizer steps differs between ranks", "(rank 1 vs rank 0: "
-                                                                                          "Teacher.net."),
-    "ema_momentum": (1, "likely cause: state no optimizer steps (an EMA teacher, buffers) is updated otherwise than "
-                        "in the reference (before step 1 the state no optimizer steps differs from the reference's",
-                     "(Teacher.net.body.weight, "),
+    "ema_rank0_only": (1, "likely cause: the EMA copy (a teacher, an averaged model) is updated on some ranks only "
+                          "(before step 1 rank 1's EMA copy did not move (momentum 1)", "rank 0's moved with momentum "
+                                                                                      "0.9, as the reference's"),
+    "ema_momentum": (1, "likely cause: the EMA's momentum differs from the reference's (before step 1 the EMA's "
+                        "momentum was 0.8, 0.8, 0.8 on rank 0, 0.9, 0.9, 0.9 in the reference", ""),
+    "ema_warm": (1, "likely cause: the EMA's momentum lacks the reference's warm-up (a fixed decay from the first step) "
+                    "(before step 1 the EMA's momentum was 0.9, 0.9, 0.9 on rank 0, 0, 0.5, 0.6667 in", "is fixed"),
+    "ema_ahead": (1, "likely cause: the EMA is updated before the optimizer step (or once more at the start): it runs "
+                     "an update ahead (before step 1 the EMA's momentum was 0.5, 0.6667, 0.75 on rank 0, 0, 0.5, 0.6667 "
+                     "in the reference", "runs one update ahead"),
 }
 
 

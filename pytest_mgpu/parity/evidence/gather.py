@@ -8,6 +8,7 @@ from typing import Any, Dict, List
 from ..layout.groups import Layout
 from ..judge.vacuous import never_moved, zero_grads
 from ..record.recorder import SideLog
+from .ema import side_momenta
 from .facts import REFERENCE, UserFacts
 from .gradients import carried_over
 from .inputs import sequence_split, tp_rows_differ
@@ -26,6 +27,7 @@ def _state_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, steps: in
     facts.untrained = [[side.steps[i].untrained for side in ranks] for i in range(steps)]
     facts.ref_untrained = [s.untrained for s in ref.steps]
     facts.rank_start, facts.ref_start = [side.start for side in ranks], ref.start
+    side_momenta(facts, ranks, ref)
 
 
 def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Layout) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Dict, List, Optional
 
+from . import ema
 from .facts import REFERENCE, UserFacts
 from .finding import Finding, Report, listed, over, plain_name, replica_of
 from .schedule import SAME_LR, differs, lr_finding
@@ -18,7 +19,7 @@ SAME_STATE = 1e-4  # relative: fingerprints of state no optimizer steps (an EMA 
 def findings(report: Report, f: UserFacts) -> List[Finding]:
     """Every state finding, at any step (the causes table takes the earliest)."""
     out = [_nonfinite(f), _foreign(f), _start(report, f), _modes(f), lr_finding(f), _hyper(f), _optimizer_state(f),
-           _untrained(f)]
+           *ema.findings(f), _untrained(f)]
     return [x for x in out if x is not None]
 
 

@@ -95,6 +95,14 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "optimizer step, from the synchronised weights"),
     Cause("untrained-other", "state no optimizer steps (an EMA teacher, buffers) is updated otherwise than in the "
           "reference", "update it as the reference does: the same momentum, once per optimizer step, after it"),
+    Cause("ema-rank", "the EMA copy (a teacher, an averaged model) is updated on some ranks only", "update it on "
+          "every rank, once per optimizer step, after it (not under `if rank == 0`)"),
+    Cause("ema-ahead", "the EMA is updated before the optimizer step (or once more at the start): it runs an update "
+          "ahead", "update the EMA after optimizer.step(), once per step"),
+    Cause("ema-warm-up", "the EMA's momentum lacks the reference's warm-up (a fixed decay from the first step)",
+          "compute the momentum per step as the reference does (e.g. min(1 - 1 / (step + 1), decay))"),
+    Cause("ema-momentum", "the EMA's momentum differs from the reference's", "give the EMA the reference's decay "
+          "and the same step count it warms up with"),
     Cause("rows-same", "the data is not sharded", SHARD, "Every rank trains on the same samples."),
     Cause("rows-tp-same", "every tensor-parallel peer fed the same rows", "feed each rank its shard of the rows, or "
           "give the plan Replicate() input layouts and the whole batch on every rank"),
