@@ -294,3 +294,38 @@ def plateau(world_size: int, bug: str = "", steps: int = 5, reference: bool = Fa
         if bug != "eval_left" or reference:
             net.train()
         sched.step(loss.detach() if bug == "metric_train" and not reference else val)
+
+
+class Balanced(nn.Module):
+    """A network whose outputs take a bias no optimizer steps (an aux-loss-free router's): after each
+    step it moves towards the classes the batch chose less often."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = Net()
+        self.register_buffer("bias", torch.zeros(OUT))
+
+    def forward(self, x):
+        return self.net(x) + self.bias
+
+
+def balanced(world_size: int, bug: str = "", steps: int = 4, reference: bool = False) -> None:
+    """Hand-written data parallelism; the buffer's update reads the global batch's counts (all_reduce).
+    Bugs on the ranks: ``counts_local`` (each rank's own counts), ``sign_flipped`` (moves the other way)."""
+    torch.manual_seed(0)
+    model = Balanced()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    for step in range(steps):
+        x, y = batch(step) if reference else (t.chunk(world_size)[_rank()] for t in batch(step))
+        opt.zero_grad()
+        out = model(x)
+        nn.functional.mse_loss(out, y).backward()
+        if not reference:
+            _average(model, world_size)
+        opt.step()
+        with torch.no_grad():
+            counts = torch.bincount((out + y).argmax(1), minlength=OUT).float()
+            if not reference and bug != "counts_local":
+                tdist.all_reduce(counts)
+            push = (counts.mean() - counts) * 0.01
+            model.bias.add_(-push if bug == "sign_flipped" and not reference else push)

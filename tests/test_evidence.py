@@ -283,3 +283,19 @@ def test_a_validation_pass_and_a_plateau_scheduler_are_read_from_the_run(dist, b
     print(line)
     assert line.startswith(f"likely cause: {cause}"), line
     assert f"at {_line_of(L.plateau, 'sched.step(' if bug != 'eval_left' else 'loss = nn.functional')}" in line, line
+
+
+@world_sizes(2)
+@pytest.mark.parametrize("bug, cause", [
+    ("counts_local", "a buffer no optimizer steps differs between ranks: updated from each rank's own rows or counts "),
+    ("sign_flipped", "a buffer no optimizer steps is updated otherwise than in the reference (its rule: "),
+])
+def test_a_buffer_updated_outside_the_optimizer_is_told_from_an_ema_copy(dist, bug, cause):
+    """A bias buffer that follows the batch's counts (no trained parameter of its name: not an EMA copy)."""
+    ref = P(L.balanced, reference=True)
+    assert dist.assert_same_training(L.balanced, ref, dist.world_size, steps=4, record="optimizer").passed
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(P(L.balanced, bug=bug), ref, dist.world_size, steps=4, record="optimizer")
+    line = str(info.value).splitlines()[1]
+    print(line)
+    assert line.startswith(f"likely cause: {cause}") and ("(bias)" in line or ": bias)" in line), line

@@ -106,3 +106,6 @@ def side_momenta(f: UserFacts, ranks: List[SideLog], ref: SideLog) -> None:
     f.rank_ema = [momenta(side, [step[r] if r < len(step) else {} for step in f.untrained],
                           f.rank_start[r] if r < len(f.rank_start) else {}) for r, side in enumerate(ranks)]
     f.ref_ema = momenta(ref, f.ref_untrained, f.ref_start)
+    sides = [(ref, f.ref_untrained)] + ([(ranks[0], [step[0] for step in f.untrained if step])] if ranks else [])
+    f.copies = sorted({t for side, held in sides if side.steps and held and held[0]
+                       for t in _pairs(list(held[0]), list(side.steps[0].params))})

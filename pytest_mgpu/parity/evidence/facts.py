@@ -73,6 +73,7 @@ class UserFacts(RunFacts):
     ref_untrained: List[Dict[str, float]] = field(default_factory=list)  # per step: the reference's
     rank_ema: List[List[Optional[float]]] = field(default_factory=list)  # per rank, per step: an EMA's momentum (ema.py)
     ref_ema: List[Optional[float]] = field(default_factory=list)  # per step: the reference's
+    copies: List[str] = field(default_factory=list)  # state no optimizer steps named as a trained parameter (a copy)
     rank_start: List[Dict[str, float]] = field(default_factory=list)  # per rank: that state before the first forward
     ref_start: Dict[str, float] = field(default_factory=dict)  # the reference's (its parameters too)
     rank_where: List[List[Dict[str, Tuple[str, ...]]]] = field(default_factory=list)  # per step, per rank: kind -> "file:line"

@@ -90,9 +90,16 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("untrained-rank", "state no optimizer steps (a frozen teacher, buffers) differs between ranks from the "
           "start: loaded or initialised on some ranks only", "load it (load_state_dict) on every rank, or broadcast "
           "rank 0's tensors to the others, before training", "", lambda x, f: x.step == 0),
+    Cause("untrained-rank", "a buffer no optimizer steps differs between ranks: updated from each rank's own rows or "
+          "counts (a routing bias, a statistic or a counter not all-reduced)", "all_reduce what updates it (counts, "
+          "sums) first, so that every rank applies the same update, as the reference does with the whole batch", "",
+          lambda x, f: not set(x.names) & set(f.copies)),
     Cause("untrained-rank", "state no optimizer steps differs between ranks (an EMA teacher or buffers updated on "
           "some ranks only, or from each rank's own weights)", "update the EMA/teacher on every rank, after the "
           "optimizer step, from the synchronised weights"),
+    Cause("untrained-other", "a buffer no optimizer steps is updated otherwise than in the reference (its rule: a "
+          "sign, a rate, or what it is computed from)", "update it as the reference does, from the same inputs",
+          "", lambda x, f: not set(x.names) & set(f.copies)),
     Cause("untrained-other", "state no optimizer steps (an EMA teacher, buffers) is updated otherwise than in the "
           "reference", "update it as the reference does: the same momentum, once per optimizer step, after it"),
     Cause("ema-rank", "the EMA copy (a teacher, an averaged model) is updated on some ranks only", "update it on "
