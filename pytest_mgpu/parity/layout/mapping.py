@@ -56,7 +56,8 @@ class Mapped:
         if self.fewer:
             return (f"the ranks' optimizer steps fewer parameters than reference_fn's: {len(self.missing)} of the "
                     f"reference's trained tensor(s) are stepped on no rank (e.g. {', '.join(self.missing[:3])})\n"
-                    "likely cause: the ranks train fewer parameters than the reference. Fix: give the ranks' "
+                    f"likely cause: the ranks train fewer parameters than the reference ({len(self.missing)} it trains "
+                    f"are stepped on no rank, e.g. ...{'.'.join(self.missing[0].split('.')[-4:])}). Fix: give the ranks' "
                     "optimizer the same parameters as the one-device loop's (a module frozen, left out of the "
                     "optimizer's groups, or a wrapper's trainable copy such as peft's modules_to_save missing)")
         parts = []
