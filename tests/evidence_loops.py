@@ -62,9 +62,12 @@ def _average(model: nn.Module, world: int, skip: str = "", divide: bool = True) 
 def hand_dp(world_size: int, bug: str = "", steps: int = 4, micro: int = 1, validate: bool = False) -> None:
     """Hand-written data parallelism: all_reduce SUM, then divide; ``micro`` accumulated micro-batches;
     ``validate``: rank 0 runs a validation forward after each step (not a bug)."""
-    torch.manual_seed(0 + (_rank() if bug == "seed_apart" else 0))
+    torch.manual_seed(0 + (_rank() if bug in ("seed_apart", "ema_copied_early") else 0))
     net = Net()
     teacher = Teacher(net) if bug.startswith("ema") or bug == "teacher" else None
+    if bug == "ema_copied_early":  # rank 0's weights broadcast after the copy, as DDP's constructor would
+        for p in net.parameters():
+            tdist.broadcast(p.data, 0)
     opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=0.9)
     for step in range(steps):
         if validate and _rank() == 0:  # rank 0 validates first: not a bug, and not training rows

@@ -135,7 +135,8 @@ def _other(report: Report, f: UserFacts) -> Optional[Finding]:
         passes = in_passes(f, step, k) and (_fewer_passes(f, step) or _grads_contradict(report, f, k, step)
                                             or not _grad_ratios(report, step))
         if bad and not trained_alike(report, f, step) and not passes and not batch_differs(f, step):
-            shown = f" ({k:.4g}x the reference's)" if math.isfinite(k) else ""
+            shown = "" if not math.isfinite(k) else f" ({k:.4g}x the reference's)" if abs(k - 1) >= 5e-4 else \
+                f" (by {abs(k - 1):.2g} of it)"  # "1x the reference's" would read as no difference
             split = term_split(report, step)
             last = last_module(f)
             if split and last and not any(n == last or n.startswith(last + ".") for n in split[0]):

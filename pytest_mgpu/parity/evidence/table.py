@@ -87,6 +87,10 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "queue or memory bank not gathered from every rank)", "gather what "
           "updates it from every rank first (all_gather, MoCo's concat_all_gather) and update it alike on every "
           "rank, as the reference does with the whole batch", "The ranks held it alike before the first forward."),
+    Cause("untrained-rank", "an EMA copy (a teacher) differs between ranks from the start: copied from each rank's "
+          "own weights before they were synchronised (before DDP's broadcast), or loaded on some ranks only", "make "
+          "the copy after wrapping the model (from ddp.module), or broadcast rank 0's tensors to the others",
+          "", lambda x, f: x.step == 0 and bool(set(x.names) & set(f.copies))),
     Cause("untrained-rank", "state no optimizer steps (a frozen teacher, buffers) differs between ranks from the "
           "start: loaded or initialised on some ranks only", "load it (load_state_dict) on every rank, or broadcast "
           "rank 0's tensors to the others, before training", "", lambda x, f: x.step == 0),
