@@ -7,6 +7,7 @@ import math
 
 from .facts import UserFacts
 from .finding import Finding
+from .inputs import own_rows
 
 
 def _near(k: float, target: float) -> bool:
@@ -110,6 +111,17 @@ def experts_only(x: Finding, f: UserFacts) -> bool:
 def experts(f: UserFacts) -> bool:
     """Each rank holds parts of its own beside shared tensors, and the user's names call them experts."""
     return bool(f.shared) and any("expert" in name.lower() for name in f.owned)
+
+
+def experts_by_hand(x: Finding, f: UserFacts) -> bool:
+    """Tensors sharded by hand whose ranks each fed their own rows (each routes its own tokens to the experts
+    it holds: expert parallel), or named experts: not a tensor-parallel layer's pieces over one batch."""
+    return bool(f.hand_sharded) and (any("expert" in n.lower() for n in f.hand_sharded) or own_rows(f))
+
+
+def by_hand(x: Finding, f: UserFacts) -> bool:
+    """Tensors sharded by hand across tensor-parallel peers that share one batch."""
+    return bool(f.hand_sharded) and not experts_by_hand(x, f)
 
 
 def owned_parts(x: Finding, f: UserFacts) -> bool:

@@ -17,6 +17,16 @@ def _key(rows: List[float]) -> Counter:
     return Counter(float(f"{v:.12g}") for v in rows)
 
 
+def own_rows(f: UserFacts, step: int = 0) -> bool:
+    """At ``step`` every rank fed rows of its own, which together are rows of the reference's batch (each
+    its own tokens, as data and expert parallelism feed them; tensor-parallel peers share one batch)."""
+    ranks = f.rank_rows[step] if step < len(f.rank_rows) else []
+    ref = f.ref_rows[step] if step < len(f.ref_rows) else []
+    keys = [_key(r) for r in ranks]
+    return len(keys) > 1 and all(keys) and bool(ref) and all(a != b for i, a in enumerate(keys) for b in keys[i + 1:]) \
+        and not (sum(keys, Counter()) - _key(ref))
+
+
 def findings(f: UserFacts) -> List[Finding]:
     out = [_epochs(f), _rows(f), _same_losses(f)]  # a repeated order explains the rows it misses
     return [x for x in out if x is not None]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Final, Tuple
 
-from .conditions import (always, batch_statistics, below, experts, experts_only, hand_scale, inside, inverse,
-                         local_batch, micro_steps, no_backward, owned_parts, passes, scaled, world)
+from .conditions import (always, batch_statistics, below, by_hand, experts, experts_by_hand, experts_only, hand_scale,
+                         inside, inverse, local_batch, micro_steps, no_backward, owned_parts, passes, scaled, world)
 from .facts import UserFacts
 from .finding import Finding
 
@@ -208,14 +208,14 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "none in the column-parallel one), add a row-parallel bias once after that reduce, and split heads and "
           "widths by the group size alike on every rank", "With the same weights and rows, the loss differs: the "
           "forward through the pieces is not the whole layer's (a reduce missing or doubled, a bias added on every "
-          "rank, a head count or width not divided by the group size).", lambda x, f: bool(f.hand_sharded)),
+          "rank, a head count or width not divided by the group size).", by_hand),
     Cause("loss-other", "the expert-parallel layer routes or combines tokens otherwise than the reference", "route "
           "and combine as the reference does: the expert capacity computed over the global tokens, router noise drawn "
           "for the global batch from a generator seeded alike on every rank, the load-balancing loss from the "
           "all-reduced dispatch fractions, each token sent to the rank that holds its expert and its output put back "
           "in its place", "With the same weights and rows the loss differs: the capacity "
           "(which tokens are dropped), the router's noise, the auxiliary loss or the dispatch and combine see each "
-          "rank's tokens only.", lambda x, f: experts(f)),
+          "rank's tokens only.", lambda x, f: experts(f) or experts_by_hand(x, f)),
     Cause("loss-other", "the layer whose parts each rank holds alone (tables or a layer placed per rank, exchanged with "
           "all_to_all) routes or combines its rows otherwise than the reference", "send each row to the rank that "
           "holds its part and put the results back in the reference's order (the all_to_all's split sizes, and a "
@@ -284,12 +284,12 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "are not all-reduced across the expert-parallel ranks", "all_reduce the gradient of every tensor each rank "
           "holds whole over the ranks that share it (and divide as the others), after backward and before "
           "optimizer.step(); the experts' own shards are not reduced", "",
-          lambda x, f: x.how == "some modules" and any("expert" in n.lower() for n in f.hand_sharded)),
+          lambda x, f: x.how == "some modules" and experts_by_hand(x, f)),
     Cause("grads-tp-unreduced", "gradients not reduced across the tensor-parallel group", "all_reduce the input's "
           "gradient over the tensor-parallel group in the backward of the function that copies activations into the "
           "parallel layers (Megatron's copy_to_tensor_model_parallel_region: identity forward, all_reduce backward)",
           "A layer sharded by hand returns each rank's partial gradient of its input; without the all_reduce the "
-          "layers before it train on a part of their gradient.", lambda x, f: bool(f.hand_sharded)),
+          "layers before it train on a part of their gradient.", by_hand),
     Cause("grads-tp-unreduced", "gradients not reduced across the tensor-parallel group", "put the module in "
           "parallelize_module's plan so its weight becomes a Replicate DTensor whose gradient is reduced, or "
           "all_reduce that gradient over the tp mesh's group before optimizer.step()"),
@@ -325,15 +325,15 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "(reduced twice)", "reduce each gradient exactly once over the tensor-parallel group: the reduce-from-region "
           "function all_reduces in its forward only, the copy-to-region one in its backward only", "An all_reduce in "
           "both the forward and the backward of a region function, or a sum over the ranks where each already holds "
-          "the whole gradient, multiplies it by the group size.", lambda x, f: bool(f.hand_sharded) and world(x, f)),
+          "the whole gradient, multiplies it by the group size.", lambda x, f: by_hand(x, f) and world(x, f)),
     Cause("grads-modules", "the gradients of some modules are world size x the reference's (summed over the ranks, "
           "never divided by the world size)", "divide those modules' summed gradients by the world size (or "
           "all_reduce them with ReduceOp.AVG), as the other modules' are", "A SUM all_reduce, or a backward that sums "
-          "every rank's contributions, with no division after it.", lambda x, f: not f.hand_sharded and world(x, f)),
+          "every rank's contributions, with no division after it.", lambda x, f: not by_hand(x, f) and world(x, f)),
     Cause("grads-modules", "the gradients of some modules are 1/world size of the reference's (divided by the world "
           "size once too often, or averaged where the reference sums)", "divide those modules' gradients once, as "
           "the other modules' are", "A gradient averaged twice: by an all_reduce AVG or DDP, and again by hand.",
-          lambda x, f: not f.hand_sharded and inverse(x, f)),
+          lambda x, f: not by_hand(x, f) and inverse(x, f)),
     Cause("grads-modules", "gradients of some modules are reduced otherwise", "reduce those modules' gradients as "
           "the others' (divide a SUM by the ranks that share them)", "Expert or shared parameters summed or "
           "divided by another factor.", lambda x, f: x.value != 1.0),
@@ -343,7 +343,7 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "copy-to-region function, none in the reduce-from-region one; and reduce over the data-parallel group "
           "only (not the tensor-parallel one) what data parallelism shares", "With the same weights, some modules' "
           "gradients differ: an all_reduce missing, doubled, or over the wrong group in a backward of the parallel "
-          "region.", lambda x, f: bool(f.hand_sharded)),
+          "region.", by_hand),
     Cause("grads-modules", "the experts' gradients are all-reduced over ranks that hold other experts (different "
           "experts mixed)", "leave each "
           "expert's gradient to the rank that holds it (keep expert parameters out of the data-parallel all_reduce), "

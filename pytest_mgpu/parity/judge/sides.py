@@ -10,6 +10,7 @@ from typing import Dict, List
 from ..evidence.facts import UserFacts
 from ..evidence.finding import replica_name
 from ..evidence.gather import side_facts
+from ..evidence.inputs import own_rows
 from ..evidence.update_shape import first_apart, ratios
 from ..layout.groups import Layout
 from ..layout.mapping import Mapped
@@ -34,6 +35,10 @@ def compare_sides(mapped: Mapped, ref: SideResult, name: str) -> RankResult:
     if mapped.sharded:
         facts.shards_apart = []  # the pieces were put together by their own layout (pieces_off says which differ)
     facts.dtype = lowest_precision(ranks + [ref.side])
+    # pieces put together whose ranks each fed their own rows hold experts (each routes its own tokens):
+    # their losses are each its rows', not parts of one loss over a shared batch
+    layout.experts_by_hand = bool(mapped.sharded) and (any("expert" in n.lower() for n in mapped.sharded)
+                                                       or own_rows(facts))
     records = []
     for step, want in enumerate(ref.side.steps):
         logs = [side.steps[step] for side in ranks]
@@ -50,7 +55,6 @@ def compare_sides(mapped: Mapped, ref: SideResult, name: str) -> RankResult:
         records.append(rec)
     step = first_apart(records)
     facts.update_ratios = (step, ratios(ranks[0], ref.side, step)) if ranks else (-1, {})
-    layout.experts_by_hand = any("expert" in n.lower() for n in mapped.sharded)
     notes = loop_notes(ranks, ref.side, layout)
     if facts.sequence_split:  # the replicas' rows are parts of the reference's rows, not rows of its batch
         notes = [n.replace("their rows together against the reference's batch", "each fed its part of every row")

@@ -74,7 +74,7 @@ class Layout:
         if not holders:
             return math.nan
         parts = []
-        for group in self.groups:
+        for group in [[r] for g in self.groups for r in g] if self.experts_by_hand else self.groups:
             held = [logs[r].loss for r in group if r in holders]
             if not held:
                 continue
@@ -105,9 +105,9 @@ class Layout:
             words.append(f"expert parallel: every rank holds {len(self.shared)} shared tensor(s), judged as "
                          "replicas of rank 0's, and its own experts, judged against their part of the model")
         if self.tensor_parallel:
-            peers_are = "expert-parallel ranks (experts sharded by hand)" if self.experts_by_hand else \
-                "tensor/sequence-parallel peers"
-            words.append(peers_are + " share one batch and one loss (" + "; ".join(
+            peers_are = "expert-parallel ranks (experts sharded by hand), each with its own rows and loss" \
+                if self.experts_by_hand else "tensor/sequence-parallel peers share one batch and one loss"
+            words.append(peers_are + " (" + "; ".join(
                 "ranks " + ", ".join(map(str, g)) for g in self.groups if len(g) > 1) + ")")
             peers = [g for g in self.groups if len(g) > 1]
             if len(peers) > 1 and len({len(g) for g in peers}) == 1:
