@@ -89,3 +89,62 @@ def train(world_size: int, bug=None, keywords=False) -> None:
 def reference(world_size: int, keywords=False) -> None:
     model = MoE()
     _loop(model, model, lambda t: t, lambda c: torch.zeros_like(c), keywords=keywords)
+
+
+class HandEP(nn.Module):
+    """Experts split over the ranks by hand (``w`` stacks this rank's block of them), the router and the
+    layers around them whole on each rank; a token goes to its top-1 expert, wherever it is held."""
+
+    def __init__(self, world_size: int, rank: int = 0):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp, self.router, self.out = nn.Linear(D, D), nn.Linear(D, E, bias=False), nn.Linear(D, 1)
+        every = torch.randn(E, D, D) / D ** 0.5
+        local = E // world_size
+        self.w = nn.Parameter(every[rank * local:(rank + 1) * local].clone())
+        self.first = rank * local
+
+    def forward(self, x):
+        import torch.distributed.nn.functional as dnn
+
+        h = self.inp(x).reshape(-1, D)
+        gate = self.router(h).softmax(-1)
+        top, choice = gate.max(-1)
+        spread = tdist.is_initialized() and tdist.get_world_size() > 1
+        tokens = torch.cat(dnn.all_gather(h)) if spread else h  # every rank's tokens (gradients flow back)
+        chosen = torch.cat(dnn.all_gather(choice)) if spread else choice
+        y = torch.zeros_like(tokens)
+        for i in range(self.w.shape[0]):
+            at = (chosen == self.first + i).nonzero().squeeze(-1)
+            y = y.index_add(0, at, tokens[at] @ self.w[i])
+        if spread:  # every rank's experts' outputs summed; this rank keeps its own tokens'
+            y = dnn.all_reduce(y).reshape(tdist.get_world_size(), -1, D)[tdist.get_rank()]
+        return self.out(h + y * top[:, None]).reshape(x.shape[:2])
+
+
+def ep_train(world_size: int, bug=None) -> None:
+    """A rank: its block of sequences, its block of experts; the whole tensors' gradients all-reduced and
+    divided by the world size, the experts' divided (each already sums every rank's tokens). ``bug``:
+    ``router_unreduced`` leaves the router's gradient out of the all-reduce."""
+    r, n = tdist.get_rank(), B // world_size
+    model = HandEP(world_size, r)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(STEPS):
+        x, y, _ = batch(step)
+        nn.functional.mse_loss(model(x[r * n:(r + 1) * n]), y[r * n:(r + 1) * n]).backward()
+        for name, p in model.named_parameters():
+            if name != "w" and not (bug == "router_unreduced" and name.startswith("router")):
+                tdist.all_reduce(p.grad)
+            p.grad.div_(world_size)
+        opt.step()
+        opt.zero_grad()
+
+
+def ep_reference(world_size: int) -> None:
+    model = HandEP(1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(STEPS):
+        x, y, _ = batch(step)
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()

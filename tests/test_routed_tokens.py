@@ -43,3 +43,21 @@ def test_a_model_called_with_keywords_that_returns_its_loss_is_read_inside(dist)
                                   record="optimizer")
     line = first_cause(str(info.value))
     assert line.startswith("likely cause: the tokens routed to a module differ") and "received other tokens" in line, line
+
+
+@world_sizes(2)
+def test_experts_split_by_hand_over_ranks_fed_their_own_rows_are_read_as_expert_parallel(dist):
+    """Pieces of one tensor (``w``, no name saying experts) on ranks that each fed their own rows: the
+    ranks are expert-parallel, each loss its rows' (compared), and a router left out of the all-reduce
+    is said as such, not as a tensor-parallel reduce."""
+    report = dist.assert_same_training(L.ep_train, L.ep_reference, dist.world_size, steps=L.STEPS,
+                                       record="optimizer", shards={"w": 0})
+    assert report.passed and any(e.kind == "loss" for e in report.records[0].errors), report
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(functools.partial(L.ep_train, bug="router_unreduced"), L.ep_reference,
+                                  dist.world_size, steps=L.STEPS, record="optimizer", shards={"w": 0})
+    text = str(info.value)
+    line = text.splitlines()[1]
+    assert line.startswith("likely cause: the gradients of modules every rank holds whole (a router or gate, shared "
+                           "layers) are not all-reduced across the expert-parallel ranks"), line
+    assert "expert-parallel ranks (experts sharded by hand), each with its own rows and loss (ranks 0, 1)" in text, text

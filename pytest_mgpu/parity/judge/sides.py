@@ -37,8 +37,8 @@ def compare_sides(mapped: Mapped, ref: SideResult, name: str) -> RankResult:
     facts.dtype = lowest_precision(ranks + [ref.side])
     # pieces put together whose ranks each fed their own rows hold experts (each routes its own tokens):
     # their losses are each its rows', not parts of one loss over a shared batch
-    layout.experts_by_hand = bool(mapped.sharded) and (any("expert" in n.lower() for n in mapped.sharded)
-                                                       or own_rows(facts))
+    layout.own_rows = bool(mapped.sharded) and own_rows(facts)
+    layout.experts_by_hand = layout.own_rows or any("expert" in n.lower() for n in mapped.sharded)
     records = []
     for step, want in enumerate(ref.side.steps):
         logs = [side.steps[step] for side in ranks]

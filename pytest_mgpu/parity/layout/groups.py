@@ -31,6 +31,7 @@ class Layout:
     notes: List[str] = field(default_factory=list)
     shared: FrozenSet[str] = frozenset()  # names every rank holds, where ranks also hold names of their own (experts)
     experts_by_hand: bool = False  # the tensors the peers' pieces make are experts (set once mapping found them)
+    own_rows: bool = False  # ...and each of those ranks fed rows of its own: each holds its own rows' loss
 
     @classmethod
     def of(cls, ranks: List[SideLog], tied: FrozenSet[str] = frozenset()) -> "Layout":
@@ -74,7 +75,7 @@ class Layout:
         if not holders:
             return math.nan
         parts = []
-        for group in [[r] for g in self.groups for r in g] if self.experts_by_hand else self.groups:
+        for group in [[r] for g in self.groups for r in g] if self.own_rows else self.groups:
             held = [logs[r].loss for r in group if r in holders]
             if not held:
                 continue
@@ -105,8 +106,10 @@ class Layout:
             words.append(f"expert parallel: every rank holds {len(self.shared)} shared tensor(s), judged as "
                          "replicas of rank 0's, and its own experts, judged against their part of the model")
         if self.tensor_parallel:
-            peers_are = "expert-parallel ranks (experts sharded by hand), each with its own rows and loss" \
-                if self.experts_by_hand else "tensor/sequence-parallel peers share one batch and one loss"
+            peers_are = "tensor/sequence-parallel peers share one batch and one loss"
+            if self.experts_by_hand:
+                peers_are = "expert-parallel ranks (experts sharded by hand)" + (
+                    ", each with its own rows and loss" if self.own_rows else " share one batch and one loss")
             words.append(peers_are + " (" + "; ".join(
                 "ranks " + ", ".join(map(str, g)) for g in self.groups if len(g) > 1) + ")")
             peers = [g for g in self.groups if len(g) > 1]
