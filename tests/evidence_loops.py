@@ -192,7 +192,8 @@ def scheduled(world_size: int, bug: str = "", steps: int = 4, micro: int = 1, re
     ``wd`` (weight decay 1e-4 relative off), ``sched_micro`` (the scheduler stepped after every micro-batch),
     ``sched_first`` (stepped before the optimizer), ``sched_epoch`` (stepped per epoch: never within these
     steps); with ``clip`` (a max norm) the gradients are clipped before the step, and on the ranks
-    ``clip_micro`` clips after each micro-batch's backward instead, ``clip_late`` after opt.step()."""
+    ``clip_micro`` clips after each micro-batch's backward instead, ``clip_late`` after opt.step();
+    ``micro_undivided``: the ranks' micro-batch losses are not divided by ``micro``."""
     torch.manual_seed(0)
     net = Net()
     wd = 0.05 * (1 + 1e-4) if bug == "wd" and not reference else 0.05
@@ -202,7 +203,8 @@ def scheduled(world_size: int, bug: str = "", steps: int = 4, micro: int = 1, re
         x, y = batch(step) if reference else (t.chunk(world_size)[_rank()] for t in batch(step))
         opt.zero_grad()
         for xm, ym in zip(x.chunk(world_size if blocks else micro), y.chunk(world_size if blocks else micro)):
-            (nn.functional.mse_loss(net(xm), ym) / (1 if blocks else micro)).backward()
+            divide = 1 if blocks or bug == "micro_undivided" and not reference else micro
+            (nn.functional.mse_loss(net(xm), ym) / divide).backward()
             if bug == "sched_micro" and not reference:
                 sched.step()  # the scheduler stepped per micro-batch
             if bug == "clip_micro" and not reference:

@@ -301,3 +301,17 @@ def test_a_buffer_updated_outside_the_optimizer_is_told_from_an_ema_copy(dist, b
     line = str(info.value).splitlines()[1]
     print(line)
     assert line.startswith(f"likely cause: {cause}") and ("(bias)" in line or ": bias)" in line), line
+
+
+@world_sizes(2)
+def test_an_accumulation_not_divided_is_read_through_the_clipping(dist):
+    """Two micro-batches whose losses are not divided, against one pass over the batch, both clipped: the
+    gradients are 2x the reference's times what each side's clip scaled them by, which confirms the loss."""
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(P(L.scheduled, bug="micro_undivided", micro=2, clip=0.3),
+                                  P(L.scheduled, reference=True, clip=0.3), dist.world_size, steps=4,
+                                  record="optimizer")
+    line = str(info.value).splitlines()[1]
+    print(line)
+    assert line.startswith("likely cause: gradient accumulation without dividing the loss (at step 0, with the same "
+                           "weights, the ranks' loss is 2x (= the 2 backward passes per step, and the world size 2)"), line

@@ -96,7 +96,8 @@ def factor_words(k: float, world: int, backwards: int = 1) -> str:
     """``k`` and what it equals, where it is the world size, its inverse or the backward passes:
     "4x (= the 4 backward passes per step)"."""
     if world > 1 and abs(k / world - 1) < 0.02:
-        return f"{k:.4g}x (= the world size {world})"
+        both = f"the {backwards} backward passes per step, and " if backwards == world else ""
+        return f"{k:.4g}x (= {both}the world size {world})"
     if world > 1 and abs(k * world - 1) < 0.02:
         return f"{k:.4g}x (= 1/{world}, one over the world size)"
     if backwards > 1 and abs(k / backwards - 1) < 0.02:

@@ -135,9 +135,10 @@ def _dp_rows(step: int, ref: List[float], groups: List[List[float]], world: int)
     sizes = [len(g) for g in groups]
     if sum(sizes) != len(ref):
         who = "ranks" if len(groups) == world else "data-parallel groups"
+        parts = " + ".join(map(str, sizes)) + " = " if len(sizes) > 1 else ""
         return Finding(step, "inputs", "certain rows", "rows-size",
-                       f"at step {step} the {who} fed {' + '.join(map(str, sizes))} = {sum(sizes)} rows, the "
-                       f"reference {len(ref)}", value=sum(sizes) / max(1, len(ref)),
+                       f"at step {step} the {who} fed {parts}{sum(sizes)} rows, the reference {len(ref)}",
+                       value=sum(sizes) / max(1, len(ref)),
                        detail=f"Give the one-device loop batch_size x {len(groups)} ({sizes[0]} x {len(groups)} = "
                        f"{sizes[0] * len(groups)}), or each rank batch_size // {len(groups)}.")
     said = _missing(step, ref, groups)

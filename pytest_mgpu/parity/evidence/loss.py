@@ -46,7 +46,7 @@ def _factor(report: Report, f: UserFacts) -> Optional[Finding]:
     if not (abs(k / w - 1) < 0.02 or abs(k * w - 1) < 0.02 or (b > 1 and abs(k / b - 1) < 0.02)):
         return None
     if (not (b > 1 and abs(k / b - 1) < 0.02) and _grads_contradict(report, f, k)) or \
-            (in_passes(f, 0, k) and not _grads_confirm(report, k)):
+            (in_passes(f, 0, k) and not _grads_confirm(report, f, k)):
         return None  # a loss scaled before backward scales every gradient alike: these are not
     return Finding(0, "loss", "a uniform factor", "loss-factor",
                    f"at step 0, with the same weights, the ranks' loss is {factor_words(k, w, b)} the reference's",
@@ -74,21 +74,26 @@ def _fewer_passes(f: UserFacts, step: int) -> bool:
 
 
 def _grads_contradict(report: Report, f: UserFacts, k: float, step: int = 0) -> bool:
-    """The step's gradients were compared, nothing clipped them, and they are not ``k`` x the reference's in
-    every tensor: a loss scaled by ``k`` before backward would have scaled them all by ``k`` (the reference
-    then sums other backward passes' losses into its step: counted otherwise)."""
-    clipped = any(c < 1.0 for per_rank in f.rank_clips[step:step + 1] for cs in per_rank for c in cs) or \
-        any(c < 1.0 for cs in f.ref_clips[step:step + 1] for c in cs)
+    """The step's gradients were compared and they are not ``k`` x the reference's in every tensor (times
+    what each side's clipping scaled them by): a loss scaled by ``k`` before backward would have scaled
+    them all so (the reference then sums other backward passes' losses into its step: counted otherwise)."""
     ratios = _grad_ratios(report, step)
-    if clipped or len(ratios) < 2:
+    if len(ratios) < 2:
         return False
-    return not all(abs(r / k - 1) < 0.02 for r in ratios)
+    return not all(abs(r / (k * _clipped(f, step)) - 1) < 0.02 for r in ratios)
 
 
-def _grads_confirm(report: Report, k: float) -> bool:
-    """Step 0's gradients were compared and every one is ``k`` x the reference's."""
+def _grads_confirm(report: Report, f: UserFacts, k: float) -> bool:
+    """Step 0's gradients were compared and every one is ``k`` x the reference's (times the clipping's)."""
     ratios = _grad_ratios(report, 0)
-    return bool(ratios) and all(abs(r / k - 1) < 0.02 for r in ratios)
+    return bool(ratios) and all(abs(r / (k * _clipped(f, 0)) - 1) < 0.02 for r in ratios)
+
+
+def _clipped(f: UserFacts, step: int) -> float:
+    """What rank 0's clipping scaled its gradients by at ``step`` over what the reference's did (1: none)."""
+    mine = f.rank_clips[step][0] if step < len(f.rank_clips) and f.rank_clips[step] else []
+    ref = f.ref_clips[step] if step < len(f.ref_clips) else []
+    return math.prod(c for c in mine if math.isfinite(c)) / math.prod(c for c in ref if math.isfinite(c) and c > 0)
 
 
 def _grad_ratios(report: Report, step: int) -> List[float]:
