@@ -334,3 +334,28 @@ def balanced(world_size: int, bug: str = "", steps: int = 4, reference: bool = F
                 tdist.all_reduce(counts)
             push = (counts.mean() - counts) * 0.01
             model.bias.add_(-push if bug == "sign_flipped" and not reference else push)
+
+
+def accumulate(world_size: int, bug: str = "", steps: int = 4, k: int = 2, reference: bool = False) -> None:
+    """Gradient accumulation as a flat loop over micro-batches (``i``), an optimizer step after every k-th:
+    ``(i + 1) % k == 0``; ``reference=True``: one device, one pass over a step's k micro-batches (each
+    rank's block of each). Bug on the ranks: ``boundary_off`` steps when ``i % k == 0`` (after micro-batch 0
+    alone, then every k)."""
+    torch.manual_seed(0)
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
+    if reference:
+        for step in range(steps):
+            x, y = (torch.cat([t for i in range(k) for t in batch(step * k + i)[j].chunk(world_size)])
+                    for j in (0, 1))
+            nn.functional.mse_loss(net(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        return
+    for i in range(steps * k):
+        x, y = (t.chunk(world_size)[_rank()] for t in batch(i))
+        (nn.functional.mse_loss(net(x), y) / k).backward()
+        if (i % k == 0) if bug == "boundary_off" else ((i + 1) % k == 0):
+            _average(net, world_size)
+            opt.step()  # after the k-th micro-batch
+            opt.zero_grad()

@@ -315,3 +315,20 @@ def test_an_accumulation_not_divided_is_read_through_the_clipping(dist):
     print(line)
     assert line.startswith("likely cause: gradient accumulation without dividing the loss (at step 0, with the same "
                            "weights, the ranks' loss is 2x (= the 2 backward passes per step, and the world size 2)"), line
+
+
+@world_sizes(2)
+def test_an_accumulation_boundary_counted_otherwise_is_read_from_the_passes_of_each_step(dist):
+    """A flat loop over micro-batches that steps when ``i % k == 0``: its first step follows one micro-batch,
+    the others two; that, not the batch's size, is the cause. The loop counted from 1 passes."""
+    ref = P(L.accumulate, reference=True)
+    assert dist.assert_same_training(L.accumulate, ref, dist.world_size, steps=4, record="optimizer").passed
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(P(L.accumulate, bug="boundary_off"), ref, dist.world_size, steps=4,
+                                  record="optimizer")
+    line = str(info.value).splitlines()[1]
+    print(line)
+    assert line.startswith("likely cause: the ranks' accumulation boundary is counted otherwise: some optimizer step "
+                           "comes after another number of micro-batches than the others (at step 0 rank 0 stepped "
+                           "after 1 backward pass(es), at its other steps after 2"), line
+    assert f"at {_line_of(L.accumulate, '# after the k-th micro-batch')} (optimizer.step)" in line, line

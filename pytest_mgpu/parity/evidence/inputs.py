@@ -13,6 +13,24 @@ from .finding import Finding
 from .near import near_rows
 
 
+def _uneven_passes(f: UserFacts) -> Optional[Finding]:
+    """Rank 0 accumulates (most of its steps take k > 1 backward passes) but some step before its last took
+    another number, where the reference takes one number at every step: the boundary of the accumulation
+    is counted otherwise (a step after the first micro-batch alone, ``i % k == 0`` with ``i`` from 0)."""
+    mine = [per[0] for per in f.rank_step_backwards if per]
+    ref = f.ref_step_backwards
+    if len(mine) < 3 or len(set(ref)) != 1:
+        return None
+    usual = Counter(mine).most_common(1)[0][0]
+    odd = [s for s, m in enumerate(mine[:-1]) if m != usual]  # the last step may be a shorter one
+    if usual < 2 or not odd:
+        return None
+    s = odd[0]
+    return Finding(s, "inputs", "a value", "passes-uneven", f"at step {s} rank 0 stepped after {mine[s]} backward "
+                   f"pass(es), at its other steps after {usual}; the reference after {ref[0]} at every step",
+                   value=mine[s])
+
+
 def _key(rows: List[float]) -> Counter:
     return Counter(float(f"{v:.12g}") for v in rows)
 
@@ -28,7 +46,7 @@ def own_rows(f: UserFacts, step: int = 0) -> bool:
 
 
 def findings(f: UserFacts) -> List[Finding]:
-    out = [_epochs(f), _rows(f), _same_losses(f)]  # a repeated order explains the rows it misses
+    out = [_uneven_passes(f), _epochs(f), _rows(f), _same_losses(f)]  # a repeated order explains the rows it misses
     return [x for x in out if x is not None]
 
 

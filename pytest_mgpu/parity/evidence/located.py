@@ -23,7 +23,7 @@ BY_SIGNAL: Final[Dict[str, Tuple[str, ...]]] = {
     "lr-held": ("scheduler.step",), "lr-warm-up": ("scheduler.step",), "untrained-forward": ("forward",),
     "start-moved": ("optimizer.step",),
     "modes": (EVAL_FORWARD,), "mode": (TRAIN_NO_GRAD,), "grads-sync-off": (UNSYNCED_LAST,),
-    "rows": ("forward",), "epoch-repeat": ("forward",), "data-restart": ("forward",),
+    "rows": ("forward",), "epoch-repeat": ("forward",), "data-restart": ("forward",), "passes": ("optimizer.step",),
     "loss": ("backward",), "backward": ("backward",), "clip": ("clip_grad_norm_",), "forward": ("forward",),
     "grads-carried": ("backward",), "grads-zeroed-micro": ("backward",),
     "grads": ("backward", "optimizer.step"), "stage": ("backward",),

@@ -119,6 +119,10 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "give the plan Replicate() input layouts and the whole batch on every rank"),
     Cause("rows-tp-differ", "rank-dependent inputs to a tensor-parallel model", "give every rank of a tensor-parallel "
           "group the same batch (shard the data over the data-parallel dimension only, the same seed)"),
+    Cause("passes-uneven", "the ranks' accumulation boundary is counted otherwise: some optimizer step comes after "
+          "another number of micro-batches than the others", "step after every k-th micro-batch, counting them from "
+          "1 (step when (i + 1) % k == 0 with i from 0, or on the last micro-batch of each group), as the reference "
+          "does"),
     Cause("rows-size", "the ranks step the optimizer (and scaler, scheduler) on every micro-batch, not once per "
           "accumulated batch", "call optimizer.step() (scaler.step/update, scheduler.step, zero_grad) once per "
           "accumulated batch, after the last micro-batch's backward, as the reference does", "", micro_steps),
