@@ -93,6 +93,8 @@ def test_a_fused_qkv_needs_shards_and_passes_with_it(dist):
     ("wrong_slice", "another slice of a weight sharded by hand", "1.fc1.weight"),
     ("no_backward_allreduce", "gradients not reduced across the tensor-parallel group", "only in 0"),
     ("reduce_twice", "sharded by hand are multiplied by the world size", "by 2x (= the world size 2)"),
+    ("whole_summed", "the gradients of tensors every tensor-parallel rank holds whole (norms, a row-parallel layer's "
+                     "bias, a replicated head) are summed over the group", "only the gradients of 0, 1.fc2 differ"),
     ("strided_slice", "another slice of a weight sharded by hand", "rank 0 holds rows 0, 2, 4, ... of 1.fc1.weight "
                       "(every 2nd row along dim 0), not its block 0-7"),
 ])

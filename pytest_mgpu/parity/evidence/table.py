@@ -325,6 +325,10 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "An averaged all_reduce (or DDP's average) is divided again.", inverse),
     Cause("grads-factor", "gradients scaled by a constant", "use reduction='mean' as the reference does, or scale "
           "both sides alike", "A loss with reduction='sum', or a gradient scaled by hand."),
+    Cause("grads-whole", "the gradients of tensors every tensor-parallel rank holds whole (norms, a row-parallel "
+          "layer's bias, a replicated head) are summed over the group, though each rank already holds the whole "
+          "gradient", "leave them as backward made them (every peer computes the whole gradient from the same batch), "
+          "and reduce over the data-parallel group only", "", lambda x, f: by_hand(x, f) and world(x, f)),
     Cause("grads-modules", "the gradients through the layers sharded by hand are multiplied by the world size "
           "(reduced twice)", "reduce each gradient exactly once over the tensor-parallel group: the reduce-from-region "
           "function all_reduces in its forward only, the copy-to-region one in its backward only", "An all_reduce in "
