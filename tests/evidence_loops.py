@@ -359,3 +359,52 @@ def accumulate(world_size: int, bug: str = "", steps: int = 4, k: int = 2, refer
             _average(net, world_size)
             opt.step()  # after the k-th micro-batch
             opt.zero_grad()
+
+
+
+class _Front(nn.Module):
+    def __init__(self, net: Net):
+        super().__init__()
+        self.body = net.body
+
+    def forward(self, x):
+        return torch.tanh(self.body(x))
+
+
+class _Back(nn.Module):
+    def __init__(self, net: Net):
+        super().__init__()
+        self.gate, self.head = net.gate, net.head
+
+    def forward(self, h):
+        return self.head(h * torch.sigmoid(self.gate(h)))
+
+
+def staged(world_size: int, bug: str = "", steps: int = 4, reference: bool = False) -> None:
+    """A two-stage pipeline by hand (2 ranks; ``reference=True``: the whole network on one device): rank 0
+    runs the body and sends its output, rank 1 receives it (``requires_grad_()``), runs the rest and the
+    loss, and sends the gradient of what it received back. Bug: ``recv_no_grad`` leaves
+    ``requires_grad_()`` out, so rank 1 has no gradient to send and rank 0's body is sent zeros."""
+    torch.manual_seed(0)
+    net = Net()
+    stage = net if reference else (_Front(net) if _rank() == 0 else _Back(net))
+    opt = torch.optim.SGD(stage.parameters(), lr=LR)
+    for step in range(steps):
+        x, y = batch(step)
+        if reference:
+            nn.functional.mse_loss(net(x), y).backward()
+        elif _rank() == 0:
+            h = stage(x)
+            tdist.send(h.detach(), 1)
+            grad = torch.empty_like(h)
+            tdist.recv(grad, 1)
+            h.backward(grad)
+        else:
+            got = torch.empty(BATCH, HIDDEN)
+            tdist.recv(got, 0)
+            if bug != "recv_no_grad":
+                got.requires_grad_()
+            nn.functional.mse_loss(stage(got), y).backward()
+            tdist.send(got.grad if got.grad is not None else torch.zeros_like(got), 0)
+        opt.step()
+        opt.zero_grad()

@@ -332,3 +332,18 @@ def test_an_accumulation_boundary_counted_otherwise_is_read_from_the_passes_of_e
                            "comes after another number of micro-batches than the others (at step 0 rank 0 stepped "
                            "after 1 backward pass(es), at its other steps after 2"), line
     assert f"at {_line_of(L.accumulate, '# after the k-th micro-batch')} (optimizer.step)" in line, line
+
+
+@world_sizes(2)
+def test_modules_a_cut_graph_leaves_with_zero_gradients_are_said_so(dist):
+    """A stage's output received without requires_grad_(): the body before it is sent zeros (0x)."""
+    ref = P(L.staged, reference=True)
+    assert dist.assert_same_training(L.staged, ref, dist.world_size, steps=4, record="optimizer").passed
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(P(L.staged, bug="recv_no_grad"), ref, dist.world_size, steps=4, record="optimizer")
+    line = str(info.value).splitlines()[1]
+    print(line)
+    assert line.startswith("likely cause: some modules get zero gradients: the graph is cut before them"), line
+    assert "only the gradients of body differ" in line and "all by 0x" in line, line
+    assert "note: nothing was compared: fn on rank 0: every gradient was exactly zero" in str(info.value)
+

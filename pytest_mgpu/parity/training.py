@@ -81,6 +81,9 @@ def assert_same_training(dist, fn, reference_fn, *args, steps: int = 3, record: 
             raise ParityError(f"{report.describe()}: {mapped.failure()}\n" + report.format(), report)
         vacuous = nothing_compared([("reference_fn", ref.side)] +
                                    [(f"fn on rank {r}", s.side) for r, s in enumerate(ranks)])
+        if vacuous and not report.passed and not nothing_compared([("reference_fn", ref.side)]):
+            # the reference trained and the ranks diverge from it: the divergence and its cause lead
+            raise ParityError(report.failure_message() + "\n\nnote: " + vacuous, report)
         if vacuous:
             raise ParityError(vacuous + ("" if report.passed else "\n\n" + report.failure_message()), report)
         if not report.passed:

@@ -342,6 +342,10 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "size once too often, or averaged where the reference sums)", "divide those modules' gradients once, as "
           "the other modules' are", "A gradient averaged twice: by an all_reduce AVG or DDP, and again by hand.",
           lambda x, f: not by_hand(x, f) and inverse(x, f)),
+    Cause("grads-modules", "some modules get zero gradients: the graph is cut before them (a tensor received from "
+          "another rank without requires_grad_(), a detach(), a no_grad region)", "keep the path to them in the graph: "
+          "requires_grad_() on what a rank receives, and send its .grad back; no detach() or no_grad on the way", "",
+          lambda x, f: x.value == 0.0),
     Cause("grads-modules", "gradients of some modules are reduced otherwise", "reduce those modules' gradients as "
           "the others' (divide a SUM by the ranks that share them)", "Expert or shared parameters summed or "
           "divided by another factor.", lambda x, f: x.value != 1.0),
