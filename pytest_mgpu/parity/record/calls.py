@@ -35,7 +35,8 @@ def scheduler_steps(watch: Any) -> List[Tuple[Any, str, Any]]:
     def observing(method):
         def observed_step(scheduler, *args, **kwargs):
             if sys._getframe(1).f_code.co_name not in ("_initial_step", "__init__"):
-                watch.saw_schedule(args[0] if args else kwargs.get("metrics"))  # ReduceLROnPlateau's metric
+                plateau = isinstance(scheduler, lr_scheduler.ReduceLROnPlateau)  # others' argument is an epoch
+                watch.saw_schedule((args[0] if args else kwargs.get("metrics")) if plateau else None)
             return method(scheduler, *args, **kwargs)
         return observed_step
 

@@ -347,7 +347,10 @@ class Watch:
         add(self._inputs.where, "scheduler.step", user_line())
         if metric is not None:
             with quiet():  # a tensor metric read here: ours, not the loop's
-                self._inputs.metrics.append(float(metric))
+                try:
+                    self._inputs.metrics.append(float(metric))
+                except (TypeError, ValueError, RuntimeError):  # not one number: nothing to read, nothing failed
+                    pass
 
     def saw_clip(self, total, max_norm) -> None:
         add(self._inputs.where, "clip_grad_norm_", user_line())
