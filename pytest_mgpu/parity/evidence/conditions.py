@@ -7,7 +7,6 @@ import math
 
 from .facts import UserFacts
 from .finding import Finding
-from .inputs import own_rows
 
 
 def _near(k: float, target: float) -> bool:
@@ -116,7 +115,7 @@ def experts(f: UserFacts) -> bool:
 def experts_by_hand(x: Finding, f: UserFacts) -> bool:
     """Tensors sharded by hand whose ranks each fed their own rows (each routes its own tokens to the experts
     it holds: expert parallel), or named experts: not a tensor-parallel layer's pieces over one batch."""
-    return bool(f.hand_sharded) and (any("expert" in n.lower() for n in f.hand_sharded) or own_rows(f))
+    return bool(f.hand_sharded) and (any("expert" in n.lower() for n in f.hand_sharded) or f.experts_by_rows)
 
 
 def by_hand(x: Finding, f: UserFacts) -> bool:

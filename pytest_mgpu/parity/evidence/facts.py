@@ -56,6 +56,7 @@ class UserFacts(RunFacts):
     shards_apart: List[int] = field(default_factory=list)  # ranks whose dim-0 shard of the step-0 weights alone differs
     params_before_update: bool = True  # a step's parameters were recorded before its update (not assert_parity's)
     hand_sharded: Dict[str, str] = field(default_factory=dict)  # tensors sharded by hand, put together -> how
+    experts_by_rows: bool = False  # ...stacked (3-D) pieces on ranks that each fed their own rows: experts
     pieces_off: Dict[str, List[int]] = field(default_factory=dict)  # such a tensor -> ranks whose starting piece is not their slice
     rank_first_norms: List[List[float]] = field(default_factory=list)  # per step, per rank: first norm clipped (NaN: none)
     clips_dtensors: bool = False  # the ranks' parameters (or the norms they clipped) are DTensors

@@ -16,7 +16,6 @@ from ..records import TensorError
 from . import clip_order
 from .conditions import passes_at
 from .facts import REFERENCE, UserFacts
-from .inputs import own_rows
 from .finding import (Finding, Report, common_factor, factor_words, listed, modules_of, over, plain_name, replica_of,
                       world_factor_of_most)
 
@@ -129,7 +128,7 @@ def _partial(step: int, bad: List[TensorError], errs: List[TensorError], f: User
         by = f", all by {factor_words(k, f.world_size, f.rank_backwards)}" if k != 1.0 else ""
         by = f", {most} of them by {factor_words(k, f.world_size)}" if most else by
         missing = [e.name for e in bad if e.missing]
-        whole = bool(f.hand_sharded) and not any(n in f.hand_sharded for n in names) and not own_rows(f) \
+        whole = bool(f.hand_sharded) and not any(n in f.hand_sharded for n in names) and not f.experts_by_rows \
             and f.world_size > 1 and abs(k / f.world_size - 1) < 0.02  # tensors held whole, by the peers' count
         return Finding(step, "gradients", "some modules", "grads-whole" if whole else "grads-modules",
                        f"at step {step}, with the same weights, only the gradients of {listed(mods)} differ from the "

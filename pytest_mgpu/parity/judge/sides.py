@@ -35,9 +35,12 @@ def compare_sides(mapped: Mapped, ref: SideResult, name: str) -> RankResult:
     if mapped.sharded:
         facts.shards_apart = []  # the pieces were put together by their own layout (pieces_off says which differ)
     facts.dtype = lowest_precision(ranks + [ref.side])
-    # pieces put together whose ranks each fed their own rows hold experts (each routes its own tokens):
-    # their losses are each its rows', not parts of one loss over a shared batch
-    layout.own_rows = bool(mapped.sharded) and own_rows(facts)
+    # stacked pieces (3-D: [experts, ...]) put together, on ranks that each fed their own rows, are experts
+    # (each rank routes its own tokens): each loss is its rows', not a part of one loss over a shared batch;
+    # 2-D pieces on such ranks stay a tensor-parallel layer (fed rank-dependent rows: a bug said as such)
+    first = ranks[0].steps[0].params if ranks and ranks[0].steps else {}
+    stacked = any(t is not None and t.dim() >= 3 for n, t in first.items() if n in mapped.sharded)  # [experts, ...]
+    layout.own_rows = facts.experts_by_rows = stacked and own_rows(facts)
     layout.experts_by_hand = layout.own_rows or any("expert" in n.lower() for n in mapped.sharded)
     records = []
     for step, want in enumerate(ref.side.steps):
