@@ -115,6 +115,8 @@ FORWARD = {  # bug -> (the first cause, what the trail names): a forward compute
     "token_drop": ("the model's own code makes a module's input otherwise", "mix's input differs first"),
     "mix_reduced": ("a module computes otherwise from the same input", "the output of mix (Mix) differs first"),
     "keep_off": ("the loop feeds the model another input beside the rows", "the model's argument keep differs"),
+    "scale_by_position": ("the loop feeds the model another input beside the rows",
+                          "the model's argument scale differs"),
     "inside_token_drop": ("the model's own code makes a module's input otherwise", "mix's input differs first"),
 }
 
@@ -129,7 +131,7 @@ def test_a_forward_computed_otherwise_is_placed_inside_the_model(dist, bug):
     line = first_cause(str(info.value))
     assert line.startswith("likely cause: " + what), line
     assert where in line and "token_loops.py:" in line, line
-    assert "(mix)" in line or bug == "keep_off", line  # the line calling that module; the model's call for its input
+    assert "(mix)" in line or bug in ("keep_off", "scale_by_position"), line  # the line calling that module; the model's call for its input
 
 
 @world_sizes(2)

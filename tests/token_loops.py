@@ -35,11 +35,14 @@ class Tiny(nn.Module):
         self.head = nn.Linear(D, V)
         self.detach_pos, self.token_drop = detach_pos, token_drop
 
-    def forward(self, ids: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, keep: torch.Tensor | None = None,
+                scale: torch.Tensor | None = None) -> torch.Tensor:
         pos = self.pos(torch.arange(ids.shape[1]))
         h = self.tok(ids) + (pos.detach() if self.detach_pos else pos)
         if keep is not None:  # an attention-style mask the loop passes beside the tokens
             h = h * keep[..., None]
+        if scale is not None:  # a per-token scale beside it
+            h = h * scale[..., None]
         if self.token_drop:  # tokens dropped by a draw over the rows at hand: the rank's, not the batch's
             keep = torch.rand(ids.shape, generator=torch.Generator().manual_seed(7)) > 0.25
             h = h * keep[..., None]
@@ -114,6 +117,9 @@ def train(world_size: int, bug: str = "") -> None:
         keep = {"keep": attention(length[sl], off=-2)} if bug == "keep_off" else {}  # a mask built off by one
         if inside is not None:
             loss = inside(ids[sl], fed, length[sl], weight[sl])
+        elif bug == "scale_by_position":  # by position, the scale built off by three (the reference: by keyword)
+            loss = loss_of(model(fed, attention(length[sl]), 1 + attention(length[sl], off=-3)), ids[sl], length[sl],
+                           weight[sl])
         else:
             out = model(ids=fed, **keep) if bug.startswith("keywords") else model(fed, **keep)  # model(**batch)
             loss = loss_of(out, ids[sl], length[sl], weight[sl], bug)
@@ -134,6 +140,8 @@ def reference(world_size: int, bug: str = "") -> None:
         ids, length, weight = batch(step)
         weight = (weight - weight.mean()) / (weight.std() + 1e-4)
         keep = {"keep": attention(length)} if bug == "keep_off" else {}
+        if bug == "scale_by_position":  # keywords in another order than the forward's parameters
+            keep = {"scale": 1 + attention(length), "keep": attention(length)}
         loss = inside(ids, masked(ids, step), length, weight) if inside is not None else \
             loss_of(model(masked(ids, step), **keep), ids, length, weight)
         opt.zero_grad()

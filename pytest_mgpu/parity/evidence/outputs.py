@@ -172,7 +172,7 @@ def _forward(report: Any, f: UserFacts, differ: int, n: int) -> List[Finding]:
     kind = fed_kind(f, apart) if apart.fed else ""
     where = ("fed", apart.mark.name, kind) if apart.fed else ("between", apart.mark.name) if apart.between else \
         ("module", apart.mark.name, apart.mark.key[0])
-    more = {"slice": f"; each is another row's {apart.mark.name}", "draw": "; none is any row's of the reference"}.get(kind, "")
+    more = {"slice": f"; each is another row's {apart.argument}", "draw": "; none is any row's of the reference"}.get(kind, "")
     found = Finding(0, "loss", "certain rows", "forward-other", f"at step 0, same weights and rows: {apart.words()}"
                     f"{more}", names=where, line=apart.line())
     if not differ and any(c.when(found, f) for c in LAYOUTS):

@@ -45,14 +45,18 @@ class Apart:
         """Another of the call's own arguments differs (the rows, its first, the same)."""
         return self.mark.key[2] == FED
 
+    @property
+    def argument(self) -> str:
+        """``argument eps``: how a fed mark (one of the call's arguments) is said."""
+        return self.mark.name if self.mark.name.startswith("argument ") else f"argument {self.mark.name}"
+
     def words(self) -> str:
         """``norm1's input differs first (4 of 8 rows), patch_embed's output before it the same``, or
         ``attn's output differs first (8 of 8 rows), from the same input`` (short: the cause line keeps its fix)."""
         name = self.mark.name or self.mark.key[0]
         rows = f"({self.rows} of {self.of} rows)"
         if self.fed:
-            shown = self.mark.name if self.mark.name.startswith("argument ") else f"argument {self.mark.name}"
-            return f"the model's {shown} differs {rows}"
+            return f"the model's {self.argument} differs {rows}"
         if not self.between:
             return f"the output of {name} ({self.mark.key[0]}) differs first {rows}, from the same input"
         if self.before is None:

@@ -101,7 +101,9 @@ def fed_marks(top: str, given: Tuple[tuple, dict], n: int, first: int = 0, posit
     import torch
 
     args, kwargs = given
-    named = [(f"argument {positional[i] if i < len(positional) else i}", v) for i, v in enumerate(args)]
+    # by position, named as by keyword where the forward's parameter is known: a call by position on one
+    # side and by keyword on the other pairs each argument with its namesake, wherever it stands
+    named = [(positional[i] if i < len(positional) else f"argument {i}", v) for i, v in enumerate(args)]
     named += list(kwargs.items())
     out: List[Mark] = []
     for i, (name, value) in enumerate((v for v in named if isinstance(v[1], torch.Tensor)), first):
