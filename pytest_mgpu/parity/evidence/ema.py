@@ -50,11 +50,12 @@ def momenta(side: SideLog, teacher: List[Dict[str, float]], start: Dict[str, flo
 
 def _pairs(teacher: Sequence[str], student: Sequence[str]) -> Dict[str, str]:
     """Teacher tensor -> the student parameter its name ends with (the longest such name)."""
-    out = {}
+    names, out = set(student), {}
     for t in teacher:
-        found = [p for p in student if t == p or t.endswith("." + p)]
-        if found:
-            out[t] = max(found, key=len)
+        parts = t.split(".")
+        found = next((".".join(parts[i:]) for i in range(len(parts)) if ".".join(parts[i:]) in names), None)
+        if found is not None:
+            out[t] = found
     return out
 
 
