@@ -40,8 +40,11 @@ class Mark:
     @property
     def named(self) -> Tuple[str, int, str]:
         """(name, call, kind): how it is matched first (a class converted on one side, SyncBatchNorm for
-        BatchNorm2d, keeps its name); by ``key`` where names differ (wrappers that nest otherwise)."""
-        return self.name, self.call, self.key[2]
+        BatchNorm2d, keeps its name); by ``key`` where names differ (wrappers that nest otherwise). An
+        argument given by position (``argument mask``) is matched as by keyword (``mask``): a call by position
+        on one side and by keyword on the other pairs each argument with its namesake, wherever it stands."""
+        plain = self.name[len("argument "):] if self.key[2] == FED and self.name.startswith("argument ") else self.name
+        return plain, self.call, self.key[2]
 
 
 def eps_of(t: Any) -> float:
@@ -101,9 +104,7 @@ def fed_marks(top: str, given: Tuple[tuple, dict], n: int, first: int = 0, posit
     import torch
 
     args, kwargs = given
-    # by position, named as by keyword where the forward's parameter is known: a call by position on one
-    # side and by keyword on the other pairs each argument with its namesake, wherever it stands
-    named = [(positional[i] if i < len(positional) else f"argument {i}", v) for i, v in enumerate(args)]
+    named = [(f"argument {positional[i] if i < len(positional) else i}", v) for i, v in enumerate(args)]
     named += list(kwargs.items())
     out: List[Mark] = []
     for i, (name, value) in enumerate((v for v in named if isinstance(v[1], torch.Tensor)), first):
