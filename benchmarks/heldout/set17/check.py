@@ -1,0 +1,132 @@
+"""Check every heldout17 case by hand, without pytest-mgpu: the distributed loop on plain
+``torch.multiprocessing`` + gloo ranks, the one-device reference in this process, both from
+``torch.manual_seed(0)``; after every ``optimizer.step()`` each side's parameters are kept by name and
+compared (heldout6's checker: ``benchmarks/heldout/set6/check.py``; only the outermost
+``optimizer.step()`` is kept, so that ``ZeroRedundancyOptimizer``'s inner ``Adam.step`` on its shard is
+not a step of its own). Printed per case: the largest relative parameter difference from the reference
+at the last step and at any step, and between replicas. A correct case should sit at float32 roundoff
+(~1e-6), a bug far above it.
+
+    OMP_NUM_THREADS=1 python -m benchmarks.heldout.set17.check [family ...] [--world 4]
+
+The correct variants run at ``--world`` (default 2); without ``--world`` (or with 2) the bugs run too,
+at the family's ``BUG_WORLD`` (2 where absent), as ``parity_diagnosis.py`` runs them.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+import tempfile
+from pathlib import Path
+
+PKG = "benchmarks.heldout.set17"
+
+
+def recorder():
+    """heldout6's recorder, except that only the outermost ``optimizer.step()`` is kept: a step run inside
+    another (``ZeroRedundancyOptimizer.step`` runs its local shard's ``Adam.step``) is not a step of its own."""
+    import torch
+    from benchmarks.heldout.set6.check import clean
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    roots, steps, init, depth = [], [], {}, [0]
+
+    def pre(mod, args):
+        if not roots:
+            init.update({clean(n): p.detach().clone() for n, p in mod.named_parameters()})
+        if not any(mod is r for r in roots):
+            roots.append(mod)
+
+    def name_of(p):
+        for root in roots:
+            for n, q in root.named_parameters():
+                if q is p:
+                    return clean(n)
+        return f"?{id(p)}"
+
+    def opt_pre(opt, args, kwargs):
+        depth[0] += 1
+
+    def opt_post(opt, args, kwargs):
+        depth[0] -= 1
+        if depth[0] == 0:
+            steps.append({name_of(p): p.detach().clone() for g in opt.param_groups for p in g["params"]})
+
+    hooks = (torch.nn.modules.module.register_module_forward_pre_hook(pre),
+             register_optimizer_step_pre_hook(opt_pre), register_optimizer_step_post_hook(opt_post))
+    return steps, init, hooks
+
+
+def rank_body(r, w, module, cases, initfile, out):
+    """heldout6's rank body with this recorder."""
+    import os
+    import traceback
+
+    import torch
+    import torch.distributed as tdist
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    tdist.init_process_group("gloo", init_method="file://" + initfile, rank=r, world_size=w)
+    mod = importlib.import_module(module)
+    for bug, variant in cases:
+        torch.manual_seed(0)
+        steps, init, hooks = recorder()
+        err = None
+        try:
+            mod.train(w, bug=bug, variant=variant)
+        except Exception:
+            err = traceback.format_exc()[-1500:]
+        for h in hooks:
+            h.remove()
+        torch.save({"steps": steps, "init": init, "err": err}, f"{out}/{bug}.{variant}.r{r}.pt")
+        tdist.barrier()
+    tdist.destroy_process_group()
+
+
+def run_cases(fam: str, w: int, bugs: bool) -> None:
+    """heldout6's ``run_family``, with the bugs included at ``w`` when ``bugs``."""
+    import torch
+    import torch.multiprocessing as mp
+    from benchmarks.heldout.set6.check import compare
+
+    mod = importlib.import_module(f"{PKG}.{fam}")
+    cases = [] if bugs else [(None, v if v != "default" else None) for v, ws in mod.CORRECT.items() if w in ws]
+    cases += [(b, None) for b in mod.BUGS] if bugs else []
+    if not cases:
+        return
+    out = tempfile.mkdtemp(prefix=f"set17_{fam}_")
+    mp.spawn(rank_body, args=(w, f"{PKG}.{fam}", cases, tempfile.mktemp(), out), nprocs=w)
+    torch.manual_seed(0)
+    ref_steps, _, hooks = recorder()
+    mod.reference(w)
+    for h in hooks:
+        h.remove()
+    print(f"{fam} (w={w}, reference steps {len(ref_steps)})", flush=True)
+    for bug, variant in cases:
+        rows = [torch.load(f"{out}/{bug}.{variant}.r{r}.pt") for r in range(w)]
+        label = f"ok-{variant or 'default'}" if bug is None else bug
+        errs = [x["err"] for x in rows if x["err"]]
+        if errs:
+            print(f"  {label:24s} ERROR {errs[0][-600:]}", flush=True)
+            continue
+        last, worst, spread, note = compare(rows, ref_steps, getattr(mod, "SHARDS", {}))
+        print(f"  {label:24s} last {last:.2e}  any-step {worst:.2e}  replicas {spread:.2e}  {note}", flush=True)
+
+
+def main(args: list[str]) -> None:
+    """Run the families (all, or those named): correct variants at ``--world W``, bugs at BUG_WORLD."""
+    w = 2
+    if "--world" in args:
+        i = args.index("--world")
+        w = int(args[i + 1])
+        args = args[:i] + args[i + 2:]
+    for fam in args or importlib.import_module(PKG).FAMILIES:
+        mod = importlib.import_module(f"{PKG}.{fam}")
+        run_cases(fam, w, bugs=False)
+        if w == 2:
+            run_cases(fam, getattr(mod, "BUG_WORLD", 2), bugs=True)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+    main(sys.argv[1:])
