@@ -77,16 +77,16 @@ def _grads_contradict(report: Report, f: UserFacts, k: float, step: int = 0) -> 
     """The step's gradients were compared and they are not ``k`` x the reference's in every tensor (times
     what each side's clipping scaled them by): a loss scaled by ``k`` before backward would have scaled
     them all so (the reference then sums other backward passes' losses into its step: counted otherwise)."""
-    ratios = _grad_ratios(report, step)
-    if len(ratios) < 2:
+    ratios, expect = _grad_ratios(report, step), k * _clipped(f, step)
+    if len(ratios) < 2 or not expect:
         return False
-    return not all(abs(r / (k * _clipped(f, step)) - 1) < 0.02 for r in ratios)
+    return not all(abs(r / expect - 1) < 0.02 for r in ratios)
 
 
 def _grads_confirm(report: Report, f: UserFacts, k: float) -> bool:
     """Step 0's gradients were compared and every one is ``k`` x the reference's (times the clipping's)."""
-    ratios = _grad_ratios(report, 0)
-    return bool(ratios) and all(abs(r / (k * _clipped(f, 0)) - 1) < 0.02 for r in ratios)
+    ratios, expect = _grad_ratios(report, 0), k * _clipped(f, 0)
+    return bool(ratios) and bool(expect) and all(abs(r / expect - 1) < 0.02 for r in ratios)
 
 
 def _clipped(f: UserFacts, step: int) -> float:
