@@ -26,9 +26,9 @@ def momenta(side: SideLog, teacher: List[Dict[str, float]], start: Dict[str, flo
     """Per step ``s``: ``m`` with ``teacher[s] = m * teacher[s - 1] + (1 - m) * student[s]`` for every tensor
     matched to a student's (``teacher[-1]``: ``start``, before the first forward); None where no one ``m``
     fits (no EMA, another rule, several updates) or the tensors tell none (a teacher equal to the student)."""
-    if not side.steps or not teacher or not teacher[0]:
+    if not side.steps or not any(teacher):
         return []
-    pairs = _pairs(list(teacher[0]), list(side.steps[0].params))
+    pairs = _pairs(_held(teacher), list(side.steps[0].params))  # a copy made at a later step (SWA) too
     if len(pairs) < 2:
         return []
     out: Momenta = []
@@ -46,6 +46,11 @@ def momenta(side: SideLog, teacher: List[Dict[str, float]], start: Dict[str, flo
                 ms.append((now[t] - sp) / gap)
         out.append(statistics.median(ms) if len(ms) >= 2 and max(ms) - min(ms) < SPREAD else None)
     return out
+
+
+def _held(teacher: List[Dict[str, float]]) -> List[str]:
+    """The names of the state no optimizer steps at any step, in the order first held."""
+    return list(dict.fromkeys(n for step in teacher for n in step))
 
 
 def _pairs(teacher: Sequence[str], student: Sequence[str]) -> Dict[str, str]:
@@ -108,5 +113,5 @@ def side_momenta(f: UserFacts, ranks: List[SideLog], ref: SideLog) -> None:
                           f.rank_start[r] if r < len(f.rank_start) else {}) for r, side in enumerate(ranks)]
     f.ref_ema = momenta(ref, f.ref_untrained, f.ref_start)
     sides = [(ref, f.ref_untrained)] + ([(ranks[0], [step[0] for step in f.untrained if step])] if ranks else [])
-    f.copies = sorted({t for side, held in sides if side.steps and held and held[0]
-                       for t in _pairs(list(held[0]), list(side.steps[0].params))})
+    f.copies = sorted({t for side, held in sides if side.steps and any(held)
+                       for t in _pairs(_held(held), list(side.steps[0].params))})
