@@ -64,12 +64,14 @@ def hand_dp(world_size: int, bug: str = "", steps: int = 4, micro: int = 1, vali
     ``validate``: rank 0 runs a validation forward after each step (not a bug)."""
     torch.manual_seed(0 + (_rank() if bug in ("seed_apart", "ema_copied_early") else 0))
     net = Net()
-    teacher = Teacher(net) if bug.startswith("ema") or bug == "teacher" else None
+    teacher = Teacher(net) if (bug.startswith("ema") or bug == "teacher") and not bug.startswith("ema_late") else None
     if bug == "ema_copied_early":  # rank 0's weights broadcast after the copy, as DDP's constructor would
         for p in net.parameters():
             tdist.broadcast(p.data, 0)
     opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=0.9)
     for step in range(steps):
+        if bug.startswith("ema_late") and step == 1:  # an averaged copy made once training has begun
+            teacher = Teacher(net)
         if validate and _rank() == 0:  # rank 0 validates first: not a bug, and not training rows
             net.eval()
             with torch.no_grad():
@@ -99,9 +101,11 @@ def reference(world_size: int, bug: str = "", steps: int = 4, micro: int = 1) ->
     """One device, the global batch (``bug`` and ``micro`` only say whether a teacher is trained)."""
     torch.manual_seed(0)
     net = Net()
-    teacher = Teacher(net) if bug.startswith("ema") or bug == "teacher" else None
+    teacher = Teacher(net) if (bug.startswith("ema") or bug == "teacher") and not bug.startswith("ema_late") else None
     opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=0.9)
     for step in range(steps):
+        if bug.startswith("ema_late") and step == 1:
+            teacher = Teacher(net)
         x, y = batch(step)
         opt.zero_grad()
         loss = 0.0
@@ -121,7 +125,7 @@ def ema_momentum(bug: str, step: int, ranks: bool = False) -> float:
     """0.9, or warmed up as min(1 - 1 / (step + 1), 0.9) (timm's and Mean Teacher's) where ``bug`` is
     ``ema_warm`` (the ranks leave the warm-up out) or ``ema_ahead`` (the ranks count it from step 1); the
     ranks' ``ema_momentum``: 0.8."""
-    if bug == "ema_momentum" and ranks:
+    if bug in ("ema_momentum", "ema_late_momentum") and ranks:
         return 0.8
     warm = bug == "ema_ahead" or (bug == "ema_warm" and not ranks)
     return min(1 - 1 / (step + 1), 0.9) if warm else 0.9

@@ -44,6 +44,8 @@ CASES = {
                         "momentum was 0.8, 0.8, 0.8 on rank 0, 0.9, 0.9, 0.9 in the reference", ""),
     "ema_copied_early": (1, "likely cause: an EMA copy (a teacher) differs between ranks from the start: copied from "
                             "each rank's own weights before they were synchronised", "(rank 1 vs rank 0: Teacher.net."),
+    "ema_late_momentum": (1, "likely cause: the EMA's momentum differs from the reference's (before step 2 the EMA's "
+                             "momentum was 0.8, 0.8 on rank 0, 0.9, 0.9 in the reference", ""),
     "ema_warm": (1, "likely cause: the EMA's momentum lacks the reference's warm-up (a fixed decay from the first step) "
                     "(before step 1 the EMA's momentum was 0.9, 0.9, 0.9 on rank 0, 0, 0.5, 0.6667 in", "is fixed"),
     "ema_ahead": (1, "likely cause: the EMA is updated before the optimizer step (or once more at the start): it runs "
