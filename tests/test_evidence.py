@@ -38,8 +38,8 @@ CASES = {
     "zero_grad_micro": (2, "likely cause: gradients zeroed between micro-batches (at step 0 every gradient of fn on "
                            "the ranks was zero again before backward pass 2", "Fix: call optimizer.zero_grad() once"),
     "ema_rank0_only": (1, "likely cause: the EMA copy (a teacher, an averaged model) is updated on some ranks only "
-                          "(before step 1 rank 1's EMA copy did not move (momentum 1)", "rank 0's moved with momentum "
-                                                                                      "0.9, as the reference's"),
+                          "(before step 1 only rank 0 updated its EMA copy (momentum 0.9, as the reference's)",
+                       "rank 1's did not move (momentum 1)"),
     "ema_momentum": (1, "likely cause: the EMA's momentum differs from the reference's (before step 1 the EMA's "
                         "momentum was 0.8, 0.8, 0.8 on rank 0, 0.9, 0.9, 0.9 in the reference", ""),
     "ema_copied_early": (1, "likely cause: an EMA copy (a teacher) differs between ranks from the start: copied from "

@@ -90,9 +90,10 @@ def _said(f: UserFacts, s: int, per_rank: List[Optional[float]], off: List[int])
     head = f"before step {s} the EMA's momentum was {_shown(mine, s)} on rank {r}, {_shown(ref, s)} in the reference"
     alike = [i for i in range(len(per_rank)) if i not in off]
     if alike and all(m is not None and abs(m - 1) < SAME for m in mine[s:]):
-        return Finding(s, "state", "one rank alone", "ema-rank", f"before step {s} rank {r}'s EMA copy did not move "
-                       f"(momentum 1); rank {alike[0]}'s moved with momentum {per_rank[alike[0]]:.4g}, as the "
-                       "reference's", names=(str(r),))
+        moved = ", ".join(map(str, alike))
+        return Finding(s, "state", "one rank alone", "ema-rank", f"before step {s} only rank {moved} updated its EMA "
+                       f"copy (momentum {per_rank[alike[0]]:.4g}, as the reference's); rank {r}'s did not move "
+                       "(momentum 1)", names=(str(r),))
     later = [(a, b) for a, b in zip(mine[s:], ref[s + 1:]) if a is not None and b is not None]
     if len(later) >= 2 and all(abs(a - b) <= SAME for a, b in later):
         return Finding(s, "state", "a value", "ema-ahead", head + ": the ranks' runs one update ahead")
