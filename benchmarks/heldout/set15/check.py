@@ -20,21 +20,23 @@ from pathlib import Path
 PKG = "benchmarks.heldout.set15"
 
 
-def run_cases(fam: str, w: int, bugs: bool) -> None:
-    """heldout6's ``run_family``, with the bugs included at ``w`` when ``bugs``."""
+def run_cases(fam: str, w: int, bugs: bool, pkg: str = PKG, body=None, record=None) -> None:
+    """heldout6's ``run_family``, with the bugs included at ``w`` when ``bugs``; ``pkg`` the set's package
+    (later sets call this with theirs), ``body`` / ``record`` a rank body and recorder other than heldout6's."""
     import torch
     import torch.multiprocessing as mp
     from benchmarks.heldout.set6.check import compare, rank_body, recorder
 
-    mod = importlib.import_module(f"{PKG}.{fam}")
+    body, record = body or rank_body, record or recorder
+    mod = importlib.import_module(f"{pkg}.{fam}")
     cases = [] if bugs else [(None, v if v != "default" else None) for v, ws in mod.CORRECT.items() if w in ws]
     cases += [(b, None) for b in mod.BUGS] if bugs else []
     if not cases:
         return
-    out = tempfile.mkdtemp(prefix=f"set15_{fam}_")
-    mp.spawn(rank_body, args=(w, f"{PKG}.{fam}", cases, tempfile.mktemp(), out), nprocs=w)
+    out = tempfile.mkdtemp(prefix=f"{pkg.rsplit('.', 1)[-1]}_{fam}_")
+    mp.spawn(body, args=(w, f"{pkg}.{fam}", cases, tempfile.mktemp(), out), nprocs=w)
     torch.manual_seed(0)
-    ref_steps, _, hooks = recorder()
+    ref_steps, _, hooks = record()
     mod.reference(w)
     for h in hooks:
         h.remove()
@@ -50,18 +52,19 @@ def run_cases(fam: str, w: int, bugs: bool) -> None:
         print(f"  {label:24s} last {last:.2e}  any-step {worst:.2e}  replicas {spread:.2e}  {note}", flush=True)
 
 
-def main(args: list[str]) -> None:
-    """Run the families (all, or those named): correct variants at ``--world W``, bugs at BUG_WORLD."""
+def main(args: list[str], pkg: str = PKG, **how) -> None:
+    """Run the families of ``pkg`` (all, or those named): correct variants at ``--world W``, bugs at
+    BUG_WORLD; ``how``: ``body`` / ``record`` for ``run_cases``."""
     w = 2
     if "--world" in args:
         i = args.index("--world")
         w = int(args[i + 1])
         args = args[:i] + args[i + 2:]
-    for fam in args or importlib.import_module(PKG).FAMILIES:
-        mod = importlib.import_module(f"{PKG}.{fam}")
-        run_cases(fam, w, bugs=False)
+    for fam in args or importlib.import_module(pkg).FAMILIES:
+        mod = importlib.import_module(f"{pkg}.{fam}")
+        run_cases(fam, w, False, pkg, **how)
         if w == 2:
-            run_cases(fam, getattr(mod, "BUG_WORLD", 2), bugs=True)
+            run_cases(fam, getattr(mod, "BUG_WORLD", 2), True, pkg, **how)
 
 
 if __name__ == "__main__":

@@ -12,58 +12,13 @@ at the family's ``BUG_WORLD`` (2 where absent), as ``parity_diagnosis.py`` runs 
 """
 from __future__ import annotations
 
-import importlib
 import sys
-import tempfile
 from pathlib import Path
 
 PKG = "benchmarks.heldout.set16"
 
-
-def run_cases(fam: str, w: int, bugs: bool) -> None:
-    """heldout6's ``run_family``, with the bugs included at ``w`` when ``bugs``."""
-    import torch
-    import torch.multiprocessing as mp
-    from benchmarks.heldout.set6.check import compare, rank_body, recorder
-
-    mod = importlib.import_module(f"{PKG}.{fam}")
-    cases = [] if bugs else [(None, v if v != "default" else None) for v, ws in mod.CORRECT.items() if w in ws]
-    cases += [(b, None) for b in mod.BUGS] if bugs else []
-    if not cases:
-        return
-    out = tempfile.mkdtemp(prefix=f"set16_{fam}_")
-    mp.spawn(rank_body, args=(w, f"{PKG}.{fam}", cases, tempfile.mktemp(), out), nprocs=w)
-    torch.manual_seed(0)
-    ref_steps, _, hooks = recorder()
-    mod.reference(w)
-    for h in hooks:
-        h.remove()
-    print(f"{fam} (w={w}, reference steps {len(ref_steps)})", flush=True)
-    for bug, variant in cases:
-        rows = [torch.load(f"{out}/{bug}.{variant}.r{r}.pt") for r in range(w)]
-        label = f"ok-{variant or 'default'}" if bug is None else bug
-        errs = [x["err"] for x in rows if x["err"]]
-        if errs:
-            print(f"  {label:24s} ERROR {errs[0][-600:]}", flush=True)
-            continue
-        last, worst, spread, note = compare(rows, ref_steps, getattr(mod, "SHARDS", {}))
-        print(f"  {label:24s} last {last:.2e}  any-step {worst:.2e}  replicas {spread:.2e}  {note}", flush=True)
-
-
-def main(args: list[str]) -> None:
-    """Run the families (all, or those named): correct variants at ``--world W``, bugs at BUG_WORLD."""
-    w = 2
-    if "--world" in args:
-        i = args.index("--world")
-        w = int(args[i + 1])
-        args = args[:i] + args[i + 2:]
-    for fam in args or importlib.import_module(PKG).FAMILIES:
-        mod = importlib.import_module(f"{PKG}.{fam}")
-        run_cases(fam, w, bugs=False)
-        if w == 2:
-            run_cases(fam, getattr(mod, "BUG_WORLD", 2), bugs=True)
-
-
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-    main(sys.argv[1:])
+    from benchmarks.heldout.set15.check import main  # heldout15's checker, run on this set
+
+    main(sys.argv[1:], PKG)
