@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import List, Optional, Tuple
 
+from .conditions import passes_at
 from .facts import UserFacts
 from .inputs import batch_differs
 from .finding import Finding, Report, factor_words, listed, over, replica_of
@@ -68,9 +69,8 @@ def _fewer_passes(f: UserFacts, step: int) -> bool:
     a loss that is the ratio of the passes (``in_passes``) is then the same per pass, whatever clipping
     or a scaler then did to the gradients. (More passes on the ranks summing to more is the signature
     of an accumulation not divided, which the gradients must tell apart.)"""
-    ranks = f.rank_step_backwards[step] if step < len(f.rank_step_backwards) else []
-    ref = f.ref_step_backwards[step] if step < len(f.ref_step_backwards) else 0
-    return bool(ranks) and all(ranks) and max(ranks) < ref
+    mine, ref = passes_at(f, step)
+    return 0 < mine < ref
 
 
 def _grads_contradict(report: Report, f: UserFacts, k: float, step: int = 0) -> bool:
