@@ -20,6 +20,7 @@ loops, bugs caught, and whether the first "likely cause" names the bug.
     python benchmarks/parity/parity_diagnosis.py --set set15                # Mean Teacher, aux-loss-free EP MoE, AMP + plateau, accelerate GPT-2, Fabric ConvNeXt, peft DoRA
     python benchmarks/parity/parity_diagnosis.py --set set16                # BERT accumulation, Megatron TP, Fabric GPT, timm ViT + EMA, top-1 MoE capacity, GPipe by hand
     python benchmarks/parity/parity_diagnosis.py --set set17                # CLIP gather, T5, SWA, ZeroRedundancyOptimizer, focal num_pos, DINO centering
+    python benchmarks/parity/parity_diagnosis.py --set set18                # Fabric bf16 distillation, pseudo-labels in eval, Mixtral aux loss, Partial FC, nnU-Net dice, YOLOv5 warm-up
 
 Method. ``benchmarks/heldout/set1/`` holds nine trainer families written after public code (each
 module's docstring names it): per family a correct distributed loop ``train``, its correct
@@ -62,7 +63,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.parity.diagnosis_report import report  # noqa: E402
 
 SETS = ("set1", "set2", "set3", "set4", "set5", "set6", "set7", "set8", "set9", "set10", "set11", "set12", "set13", "set14", "set15",
-        "set16", "set17")  # under benchmarks/heldout/
+        "set16", "set17", "set18")  # under benchmarks/heldout/
 OLD_NAMES = {"heldout": "set1", "heldout2": "set2", "heldout3": "set3", "heldout4": "set4", "heldout5": "set5"}  # what --set once took
 PLUGIN = ROOT  # the checkout whose pytest_mgpu is judged; --plugin picks another
 PACKAGE = "heldout.set1"  # the family set judged; --set picks another before anything reads it
@@ -215,7 +216,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also keep the rows in this JSONL file")
     parser.add_argument("--analyze", type=Path, help="print the report of a saved JSONL file; run nothing")
     parser.add_argument("--set", choices=SETS + tuple(OLD_NAMES), default="set1", dest="package",
-                        help="the family set under benchmarks/heldout/: set1 (default), set2, ..., set16 or set17")
+                        help="the family set under benchmarks/heldout/: set1 (default), set2, ..., set17 or set18")
     parser.add_argument("--plugin", type=Path, default=ROOT,
                         help="the checkout whose pytest_mgpu is judged (default: this one)")
     args = parser.parse_args()
