@@ -80,6 +80,20 @@ def test_option():
 @pytest.mark.mgpu_timeout(300)
 def test_argument():
     simulate(hang, world_size=512, rank=9, timeout=2)
+
+@pytest.mark.mgpu_timeout(2)
+def test_slow_import():
+    import slowstart
+    assert simulate(slowstart.quick, world_size=8).value == 8
+"""
+SLOW_IMPORT = """
+import time, torch.distributed as tdist
+
+if tdist.is_initialized():  # in the simulated rank, whose fake group is up before this module is imported
+    time.sleep(2.5)
+
+def quick():
+    return tdist.get_world_size()
 """
 OUTER = """
 @pytest.mark.simulate
@@ -103,6 +117,7 @@ def hang_sessions(tmp_path_factory):
     for name, tests, args in [("limits", HANGS, ("--mgpu-timeout=3",)), ("outer", OUTER, ("--timeout=6",))]:
         sp = Subpytest(_Dir(tmp_path_factory.mktemp(name)))
         (sp.pytester.path / f"test_{name}.py").write_text(FNS + tests)
+        (sp.pytester.path / "slowstart.py").write_text(SLOW_IMPORT)
         runs.append((sp, ("-p", "no:randomly", "-rA", *args)))
     done = run_together(runs, timeout=300)
     return {name: (e.rc, e.out, wait_for_no_processes(sp.token))
@@ -135,9 +150,14 @@ def test_a_hang_ends_at_the_limit_dist_run_would_get_with_nothing_left(hangs, se
     sec = section(out, f"test_{test}")
     assert f"1 rank(s) failed (hung) in test_{session}.py::test_{test} " in sec and "[simulated rank 9 of 512, fake process group on cpu]" in sec
     assert "rank 9 did not finish " in sec and said in sec, sec
-    assert "in hang" in sec, "the hung rank's Python stack"
+    assert "in hang" in sec, f"the hung rank's Python stack:\n{sec}"
     assert "the fake process group's collectives return at once" in sec
     assert left == []
+
+
+def test_a_slow_import_in_the_rank_is_not_charged_to_the_limit(hangs):
+    code, out, left = hangs["limits"]
+    assert "PASSED test_limits.py::test_slow_import" in out, out
 
 
 def test_a_malformed_timeout_marker_is_said_by_simulate(pytester):

@@ -34,7 +34,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Literal, Optional, Tuple
+from typing import Callable, Dict, List, Literal, Optional, Tuple
 
 RECORDER_ENV = "TORCH_FR_BUFFER_SIZE"
 RECORDER_ENVS = (RECORDER_ENV, "TORCH_NCCL_TRACE_BUFFER_SIZE")  # torch reads both; a user who set either keeps it
@@ -90,6 +90,7 @@ class _Call:
     phase: Phase = "starting"
     running_at: float = 0.0
     base: Dict[int, int] = {}
+    told: List[Callable[[], None]] = []  # told once, when the test's function starts (``when_running``)
 
 
 _CALL = _Call()
@@ -107,10 +108,18 @@ def begin(log_path: str, backend: str) -> None:
 
 
 def running() -> None:
-    """The test's function starts now: collectives counted from here."""
+    """The test's function starts now: collectives counted from here, and whoever asked is told."""
     _CALL.base = _status()
     _CALL.phase = "running"
     _CALL.running_at = time.monotonic()
+    told, _CALL.told = _CALL.told, []
+    for tell in told:
+        tell()
+
+
+def when_running(tell: Callable[[], None]) -> None:
+    """Call ``tell`` once the test's function starts (a fresh rank's launcher: the limit starts then)."""
+    _CALL.told = [*_CALL.told, tell]
 
 
 def finished() -> None:

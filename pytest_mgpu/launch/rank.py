@@ -284,6 +284,13 @@ def wait_for_peers(store, task: RankTask) -> None:
         pass
 
 
+def starts_itself(fn):
+    """Mark a rank-side function that prepares the rank further (a simulation joins its fake group and
+    imports the user's module) and calls ``flight.running()`` when the user's function starts."""
+    fn.starts_itself = True
+    return fn
+
+
 def run_call(task: RankTask) -> RankOutcome:
     """Import the user's function, unpickle its arguments, run it; never raises."""
     t0 = time.perf_counter()
@@ -293,7 +300,8 @@ def run_call(task: RankTask) -> RankOutcome:
         args, kwargs = pickle.loads(task.payload)
     except BaseException as exc:
         return error_outcome(task, exc, "import")
-    flight.running()
+    if not getattr(fn, "starts_itself", False):
+        flight.running()
     try:
         value = fn(*args, **kwargs)
     except BaseException as exc:
@@ -358,7 +366,8 @@ def rank_main(task: RankTask, conn) -> None:
     # the outcome goes: the launcher may kill the rank as soon as it has it.
     coverage = RankCoverage()
     coverage.resume(task.env)
-    send_outcome(conn, RankOutcome(rank=task.rank, ok=True, ready=True, init_s=init_s))
+    # "ready" once the user's module is imported: the call's limit is not charged for a slow import
+    flight.when_running(lambda: send_outcome(conn, RankOutcome(rank=task.rank, ok=True, ready=True, init_s=init_s)))
     outcome = run_call(task)
     outcome.init_s = init_s
     if outcome.ok:  # this process is gone before a peer's failure is known: its record goes now

@@ -14,7 +14,8 @@ import pickle
 from dataclasses import dataclass
 
 from ..launch.protocol import FnRef, RankTask, safe_str, type_name
-from ..launch.rank import hide_frames_of, prepare_rank
+from ..launch import flight
+from ..launch.rank import hide_frames_of, prepare_rank, starts_itself
 from .result import SimRecord
 
 hide_frames_of(__file__)  # a failure's traceback starts at the user's own frame
@@ -43,6 +44,7 @@ def simulated_task(call: SimCall, threads: int) -> RankTask:
     )
 
 
+@starts_itself
 def run_simulated(call: SimCall) -> SimRecord:
     """Runs in the fresh rank process: become rank ``call.rank`` of a fake group, run, measure."""
     import time
@@ -63,6 +65,7 @@ def run_simulated(call: SimCall) -> SimRecord:
     warnings.filterwarnings("ignore", message="DTensor random operators may not have complete support")
     fn = call.fn.resolve()
     args, kwargs = pickle.loads(call.payload)
+    flight.running()  # the call's limit counts from here, not from the fake group nor the imports
     with Instruments() as ins:
         t0 = time.perf_counter()
         value = fn(*args, **kwargs)
