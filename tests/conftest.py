@@ -216,8 +216,10 @@ def one_forkserver(request):
     launcher of the process is still open; with this one open, every such session forks its ranks from
     the same forkserver instead of starting one (torch preloaded, about 2 s on 2 cores) and stopping it
     (about 1 s). Nothing starts here: the forkserver starts with the first ranks."""
+    from pytest_mgpu.launch.spawn import preload_also
     from pytest_mgpu.plugin import SESSION_KEY
 
+    preload_also(["torch._dynamo"])  # FSDP2's first fully_shard imports it: once here, not in every rank
     session = request.config.stash.get(SESSION_KEY, None)
     if session is not None:
         session.launcher  # noqa: B018 (the property opens it)
