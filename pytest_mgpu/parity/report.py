@@ -15,6 +15,10 @@ from .records import KINDS, Kind, RunFacts, StepRecord, TensorError
 from .judge.options import OptionDifference
 from .judge.tolerance import Tolerance
 
+# A gradient line wider than this (1% of a gradient's norm; bfloat16's roundoff makes lines of 5-20%) is
+# said in a pass: a bug that moves the gradients by less passes unseen there.
+BLIND = 0.01
+
 # How per_step measures a kind's worst error: norm-wise relative (judged), elementwise relative, absolute.
 Metric = Literal["rel", "max_rel", "max_abs"]
 
@@ -103,6 +107,13 @@ class ParityReport:
                                 self.tolerance.rel_line(rec.step, kind), worst, ratio))
         return out
 
+    def blind_below(self) -> Optional[Tuple[int, float]]:
+        """(step, line) of the widest gradient line where it is over ``BLIND`` of a gradient's norm: a
+        difference under it passes unseen there, so a pass says "cannot tell" below it (None: none is)."""
+        widest = max(((self.tolerance.rel_line(r.step, "grad"), r.step) for r in self.records
+                      if any(e.kind == "grad" for e in r.errors)), default=None)
+        return (widest[1], widest[0]) if widest is not None and widest[0] > BLIND else None
+
     @property
     def worst_ratio(self) -> float:
         """The largest error / bound over every step and tensor: how close the run came to failing."""
@@ -159,6 +170,10 @@ class ParityReport:
         worst = self.worst_ratio
         if not self.bitwise and math.isfinite(worst):
             head += f"; worst error / line: {worst:.3g}"
+        blind = self.blind_below() if self.passed and not self.bitwise else None
+        if blind is not None:
+            head += (f"; cannot tell a difference under {blind[1]:.2g} of a gradient's norm (the line at step "
+                     f"{blind[0]}, from the roundoff of the loop's precision): a pass rules out larger ones only")
         body = [head, message.summary_table(self)]
         body += [f"note: {n}" for n in self.notes]
         return "\n".join(body)
