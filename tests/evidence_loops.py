@@ -31,6 +31,7 @@ class Teacher(nn.Module):
     def __init__(self, net: Net):
         super().__init__()
         self.net = copy.deepcopy(net).requires_grad_(False)
+        self.updates = 0
 
     def forward(self, x):
         return self.net(x)
@@ -39,6 +40,13 @@ class Teacher(nn.Module):
     def update(self, net: Net, momentum: float = 0.9) -> None:
         for t, s in zip(self.net.parameters(), net.parameters()):
             t.mul_(momentum).add_(s.detach(), alpha=1 - momentum)
+        self.updates += 1
+
+
+def _runs(teacher, bug: str) -> bool:
+    """Whether the distillation term runs: with a teacher, and (``ema_late_rank0``, SWA's way) only once
+    the copy has been updated."""
+    return teacher is not None and (bug != "ema_late_rank0" or teacher.updates > 0)
 
 
 def batch(step: int):
@@ -85,7 +93,7 @@ def hand_dp(world_size: int, bug: str = "", steps: int = 4, micro: int = 1, vali
                 opt.zero_grad()
             out = net(xm)
             loss = nn.functional.mse_loss(out, ym)
-            if teacher is not None:
+            if _runs(teacher, bug):
                 loss = loss + nn.functional.mse_loss(out, teacher(xm))
             (loss / micro).backward()
         _average(net, world_size, skip="gate" if bug == "gate_not_reduced" else "", divide=bug != "sum_no_divide")
@@ -93,7 +101,7 @@ def hand_dp(world_size: int, bug: str = "", steps: int = 4, micro: int = 1, vali
         if bug == "rank1_nudge" and step == 1 and _rank() == 1:
             with torch.no_grad():
                 net.head.weight.mul_(1.01)  # a change outside the optimizer, on one rank
-        if teacher is not None and not (bug == "ema_rank0_only" and _rank() != 0):
+        if teacher is not None and not (bug in ("ema_rank0_only", "ema_late_rank0") and _rank() != 0):
             teacher.update(net, momentum=ema_momentum(bug, step + (bug == "ema_ahead"), ranks=True))
 
 
@@ -112,7 +120,7 @@ def reference(world_size: int, bug: str = "", steps: int = 4, micro: int = 1) ->
         for xs, ys in zip(x.chunk(world_size), y.chunk(world_size)):  # each rank's block, as the ranks see it
             out = net(xs)
             part = nn.functional.mse_loss(out, ys)
-            if teacher is not None:
+            if _runs(teacher, bug):
                 part = part + nn.functional.mse_loss(out, teacher(xs))
             loss = loss + part / world_size
         loss.backward()

@@ -40,6 +40,9 @@ CASES = {
     "ema_rank0_only": (1, "likely cause: the EMA copy (a teacher, an averaged model) is updated on some ranks only "
                           "(before step 1 only rank 0 updated its EMA copy (momentum 0.9, as the reference's)",
                        "rank 1's did not move (momentum 1)"),
+    "ema_late_rank0": (1, "likely cause: the EMA copy (a teacher, an averaged model) is updated on some ranks only "
+                          "(before step 2 only rank 0 updated and ran its EMA or averaged copy of the model "
+                          "(Teacher.net.", "as the reference does; rank 1 ran none"),
     "ema_momentum": (1, "likely cause: the EMA's momentum differs from the reference's (before step 1 the EMA's "
                         "momentum was 0.8, 0.8, 0.8 on rank 0, 0.9, 0.9, 0.9 in the reference", ""),
     "ema_copied_early": (1, "likely cause: an EMA copy (a teacher) differs between ranks from the start: copied from "

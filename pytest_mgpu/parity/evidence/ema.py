@@ -70,6 +70,28 @@ def findings(f: UserFacts) -> List[Finding]:
 
 
 def _finding(f: UserFacts) -> Optional[Finding]:
+    return _absent(f) or _momentum(f)
+
+
+def _absent(f: UserFacts) -> Optional[Finding]:
+    """The first step at which some ranks run a copy, as the reference does, and another rank runs none
+    (its copy never updated, so the code that would run it skipped it: an ``if rank == 0`` update)."""
+    copies = set(f.copies)
+    for s, step in enumerate(f.untrained):
+        held = [sorted(copies & set(r)) for r in step]
+        ref = f.ref_untrained[s] if s < len(f.ref_untrained) else {}
+        if not any(held) or all(held) or not copies & set(ref):
+            continue
+        alike = [i for i, h in enumerate(held) if h]
+        r = next(i for i, h in enumerate(held) if not h)
+        shown = held[alike[0]][0] + (f" and {len(held[alike[0]]) - 1} more" if len(held[alike[0]]) > 1 else "")
+        return Finding(s, "state", "one rank alone", "ema-rank", f"before step {s} only rank "
+                       f"{', '.join(map(str, alike))} updated and ran its EMA or averaged copy of the model ({shown}), "
+                       f"as the reference does; rank {r} ran none", names=(str(r),))
+    return None
+
+
+def _momentum(f: UserFacts) -> Optional[Finding]:
     ref = f.ref_ema
     if not f.rank_ema or not ref:
         return None
