@@ -352,3 +352,27 @@ def test_modules_a_cut_graph_leaves_with_zero_gradients_are_said_so(dist):
     assert "only the gradients of body differ" in line and "all by 0x" in line, line
     assert "note: nothing was compared: fn on rank 0: every gradient was exactly zero" in str(info.value)
 
+
+
+
+def test_running_statistics_changed_after_a_no_grad_forward_in_training_mode_are_read_as_that_forward():
+    """SWA's averaged model run for a target in train(): its BatchNorm's running statistics differ from
+    the reference's (eval()) before the step after. Facts as the recorder gives them."""
+    from pytest_mgpu.parity.evidence.causes import said
+    from pytest_mgpu.parity.evidence.facts import UserFacts
+    from pytest_mgpu.parity.evidence.finding import Finding
+    from pytest_mgpu.parity.record.where import TRAIN_NO_GRAD
+
+    stats = ("AveragedModel.module.1.running_mean", "AveragedModel.module.1.running_var")
+    f = UserFacts(strategy="your training loop", world_size=2)
+    f.rank_where = [[{"forward": ("t.py:80",)}] * 2] * 3 + [[{"forward": ("t.py:80",), TRAIN_NO_GRAD: ("t.py:70",)}] * 2]
+    f.ref_where = [{"forward": ("r.py:9",)}] * 3 + [{"forward": ("r.py:9",), "forward under no_grad": ("r.py:7",)}]
+    x = Finding(4, "state", "some modules", "untrained-other", "before step 4 the state differs", names=stats)
+    assert said(x, f).startswith("BatchNorm running statistics are updated by a forward under no_grad in training "
+                                 "mode (a validation, target or averaged copy's pass without eval()) (before step 4 "
+                                 "the state differs) at t.py:70 (no_grad forward in train mode). Fix: call eval()")
+    f.ref_where[3] = {"forward": ("r.py:9",), "forward under no_grad": ("r.py:7",), TRAIN_NO_GRAD: ("r.py:7",)}
+    assert said(x, f).startswith("a buffer no optimizer steps is updated otherwise"), "the reference ran it so too"
+    f.ref_where[3] = {"forward": ("r.py:9",), "forward under no_grad": ("r.py:7",)}
+    other = Finding(4, "state", "some modules", "untrained-other", "...", names=stats + ("AveragedModel.module.1.bias",))
+    assert said(other, f).startswith("a buffer no optimizer steps is updated otherwise"), "not statistics alone"

@@ -141,3 +141,22 @@ def inside(x: Finding, f: UserFacts) -> bool:
     """The model's outputs and the gradient the loss gave them agree at the first step (``outputs.agree``, read once into the facts),
     and the finding is there: the parameters' gradients that differ were made by the model's backward."""
     return x.step == 0 and f.outputs_agree
+
+
+STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
+
+
+def stats_in_train_no_grad(x: Finding, f: UserFacts) -> bool:
+    """The state that differs is running statistics alone, and before it differed (this step or the one
+    before) a forward under no_grad ran in training mode on some rank where the reference's ran in eval
+    mode: that forward updated them (a validation, target or averaged copy's pass without ``eval()``)."""
+    from ..record.where import TRAIN_NO_GRAD
+
+    if not x.names or not all(n.rsplit(".", 1)[-1] in STATISTICS for n in x.names):
+        return False
+    for s in (x.step - 1, x.step):
+        ranks = f.rank_where[s] if 0 <= s < len(f.rank_where) else []
+        ref = f.ref_where[s] if 0 <= s < len(f.ref_where) else {}
+        if any(w.get(TRAIN_NO_GRAD) for w in ranks) and ref.get("forward under no_grad") and not ref.get(TRAIN_NO_GRAD):
+            return True
+    return False

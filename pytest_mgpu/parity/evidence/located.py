@@ -12,6 +12,7 @@ from typing import Dict, Final, List, Tuple
 
 from ..record.sync import UNSYNCED_LAST
 from ..record.where import EVAL_FORWARD, STEP_DEFINED, TRAIN_NO_GRAD
+from .conditions import stats_in_train_no_grad
 from .facts import REFERENCE, UserFacts
 from .finding import Finding
 
@@ -87,6 +88,8 @@ def located(x: Finding, f: UserFacts) -> str:
     if x.line:
         return f"at {x.line}"
     kinds = kinds_of(x.signal)
+    if x.signal.startswith("untrained") and stats_in_train_no_grad(x, f):
+        kinds = (TRAIN_NO_GRAD,)  # running statistics updated by that forward
     said: List[str] = []
     for kind in kinds:
         lines, whose = _side(f, x, kind)

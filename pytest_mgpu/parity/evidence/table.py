@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Callable, Final, Tuple
 
 from .conditions import (always, batch_statistics, below, by_hand, experts, experts_by_hand, experts_only, hand_scale,
-                         inside, inverse, local_batch, micro_steps, no_backward, owned_parts, passes, scaled, world)
+                         inside, inverse, local_batch, micro_steps, no_backward, owned_parts, passes, scaled,
+                         stats_in_train_no_grad, world)
 from .facts import UserFacts
 from .finding import Finding
 
@@ -94,6 +95,9 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("untrained-rank", "state no optimizer steps (a frozen teacher, buffers) differs between ranks from the "
           "start: loaded or initialised on some ranks only", "load it (load_state_dict) on every rank, or broadcast "
           "rank 0's tensors to the others, before training", "", lambda x, f: x.step == 0),
+    *(Cause(k, "BatchNorm running statistics are updated by a forward under no_grad in training mode (a validation, "
+            "target or averaged copy's pass without eval())", "call eval() on that model before the pass and train() "
+            "after it, as the reference does", "", stats_in_train_no_grad) for k in ("untrained-rank", "untrained-other")),
     Cause("untrained-rank", "a buffer no optimizer steps differs between ranks: updated from each rank's own rows or "
           "counts (a routing bias, a statistic or a counter not all-reduced)", "all_reduce what updates it (counts, "
           "sums) first, so that every rank applies the same update, as the reference does with the whole batch", "",
