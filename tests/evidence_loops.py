@@ -204,7 +204,8 @@ def scheduled(world_size: int, bug: str = "", steps: int = 4, micro: int = 1, re
     ``wd`` (weight decay 1e-4 relative off), ``sched_micro`` (the scheduler stepped after every micro-batch),
     ``sched_first`` (stepped before the optimizer), ``sched_epoch`` (stepped per epoch: never within these
     steps); with ``clip`` (a max norm) the gradients are clipped before the step, and on the ranks
-    ``clip_micro`` clips after each micro-batch's backward instead, ``clip_late`` after opt.step();
+    ``clip_micro`` clips after each micro-batch's backward instead, ``clip_late`` after opt.step(),
+    ``clip_summed`` by hand with the tensors' norms summed, ``clip_per_tensor`` each tensor by its own norm;
     ``micro_undivided``: the ranks' micro-batch losses are not divided by ``micro``."""
     torch.manual_seed(0)
     net = Net()
@@ -226,8 +227,15 @@ def scheduled(world_size: int, bug: str = "", steps: int = 4, micro: int = 1, re
                 p.grad.div_(world_size)
         elif not reference:
             _average(net, world_size)
-        if clip and (reference or bug not in ("clip_micro", "clip_late")):
+        if clip and (reference or bug not in ("clip_micro", "clip_late", "clip_summed", "clip_per_tensor")):
             torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
+        elif bug == "clip_summed":  # by hand, with the tensors' norms summed (not the root of their squares)
+            coef = min(1.0, clip / (sum(float(p.grad.norm()) for p in net.parameters()) + 1e-6))
+            for p in net.parameters():
+                p.grad.mul_(coef)
+        elif bug == "clip_per_tensor":
+            for p in net.parameters():
+                torch.nn.utils.clip_grad_norm_([p], clip)  # each tensor by its own norm
         if bug == "sched_first" and not reference:
             sched.step()  # the scheduler stepped before the optimizer
         opt.step()

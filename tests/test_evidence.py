@@ -271,6 +271,27 @@ def test_a_clip_out_of_its_place_in_the_step_is_named_by_the_order_of_the_calls(
 
 
 @world_sizes(2)
+@pytest.mark.parametrize("bug, cause, where", [
+    ("clip_summed", "gradients clipped by hand with another norm than the total (a rank's own shard's, norms summed, "
+                    "not the root of their squares) (at step 0 the reference's clip_grad_norm_ scaled its gradients by",
+     "at evidence_loops.py:"),
+    ("clip_per_tensor", "gradients clipped per tensor (clip_grad_norm_ called once per parameter or group), not by their "
+                        "total norm (at step 0 the ranks called clip_grad_norm_ 6 times, the reference once)",
+     "# each tensor"),
+])
+def test_a_clip_by_hand_or_per_tensor_is_told_from_no_clip(dist, bug, cause, where):
+    """The ranks clip with no clip_grad_norm_ call (the norms summed), or call it once per tensor; the
+    reference clips the total norm. Neither is "no clipping call was seen"."""
+    ref = P(L.scheduled, reference=True, blocks=True, clip=0.05, steps=3)
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(P(L.scheduled, bug=bug, clip=0.05, steps=3), ref, dist.world_size, steps=3,
+                                  record="optimizer")
+    line = str(info.value).splitlines()[1]
+    assert line.startswith(f"likely cause: {cause}"), line
+    assert (where if where.startswith("at ") else _line_of(L.scheduled, where)) in line, line
+
+
+@world_sizes(2)
 @pytest.mark.parametrize("bug, cause", [
     ("metric_local", "the scheduler's metric differs between ranks (each rank's own value, e.g. its shard's validation "
                      "loss, not all-reduced) (scheduler.step(metric) after step "),

@@ -36,6 +36,7 @@ class UserFacts(RunFacts):
     rank_hyper: List[List[List[Dict[str, float]]]] = field(default_factory=list)  # per step, per rank, per group
     ref_hyper: List[List[Dict[str, float]]] = field(default_factory=list)  # per step, per group
     rank_clips: List[List[List[float]]] = field(default_factory=list)  # per step, per rank: clip factors
+    rank_scaled: List[float] = field(default_factory=list)  # per step: rank 0's given / backward's total norm
     ref_clips: List[List[float]] = field(default_factory=list)  # per step: the reference's clip factors
     rank_clip_norms: List[List[float]] = field(default_factory=list)  # per step: rank 0's total norms clipped
     ref_clip_norms: List[List[float]] = field(default_factory=list)  # per step: the reference's

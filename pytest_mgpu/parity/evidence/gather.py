@@ -51,6 +51,7 @@ def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Lay
     facts.ref_step_backwards = [s.backwards for s in ref.steps]
     facts.rank_clips = [[_factors(side.steps[i]) for side in ranks] for i in range(steps)]
     facts.ref_clips = [_factors(s) for s in ref.steps]
+    facts.rank_scaled = [_scaled(ranks[0].steps[i]) for i in range(steps)] if ranks else []
     facts.rank_clip_norms = [[c[0] for c in s.steps[i].clips] for s in ranks[:1] for i in range(steps)]
     facts.ref_clip_norms = [[c[0] for c in s.clips] for s in ref.steps]
     facts.rank_first_norms = [[side.steps[i].clips[0][0] if side.steps[i].clips else math.nan for side in ranks]
@@ -117,6 +118,17 @@ def _holdings(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Layo
 def _factors(step) -> List[float]:
     """The factor each gradient clipping of a step scaled the gradients by (1: under max_norm)."""
     return [min(1.0, m / (n + 1e-6)) if math.isfinite(n) else math.nan for n, m, *_ in step.clips]
+
+
+def _scaled(step) -> float:
+    """The total norm of the gradients the optimizer was given over the one the step's last backward
+    left (NaN where either is unknown): below 1, the loop scaled them in between (a clip by hand)."""
+    import torch
+
+    grads = [g for g in step.grads.values() if g is not None and g.is_floating_point()]
+    if not grads or not math.isfinite(step.raw_norm) or step.raw_norm <= 0:
+        return math.nan
+    return float(torch.linalg.vector_norm(torch.stack([g.double().norm() for g in grads]))) / step.raw_norm
 
 
 def shards_apart(mine: Dict[str, Any], ref: Dict[str, Any], world: int) -> List[int]:

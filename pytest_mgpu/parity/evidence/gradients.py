@@ -228,6 +228,9 @@ def _clipping(report: Report, f: UserFacts) -> Optional[Finding]:
         moved = bool(over(report, step, "grad"))
         mine = ranks[0] if ranks else []
         if bool(mine) != bool(ref):
+            by_hand = _by_hand(f, step, ref) if moved and ref else None
+            if by_hand is not None:
+                return by_hand
             one = mine or ref
             if moved and one and math.isfinite(one[0]) and one[0] < 1 and not (ref and clip_order.clipped_next(f, step)):
                 who, other = ("fn on the ranks", REFERENCE) if mine else (REFERENCE, "fn on the ranks")
@@ -237,6 +240,9 @@ def _clipping(report: Report, f: UserFacts) -> Optional[Finding]:
             continue
         if not mine or not (math.isfinite(mine[0]) and math.isfinite(ref[0])):
             continue
+        if moved and len(mine) > 1 and len(ref) == 1 and all(len(r) == len(mine) for r in ranks):
+            return Finding(step, "gradients", "a value", "clip-per-tensor", f"at step {step} the ranks called "
+                           f"clip_grad_norm_ {len(mine)} times, the reference once")
         per_rank = [r[0] if r else 1.0 for r in ranks]  # a rank that did not clip scaled by 1
         off = any(abs(a - per_rank[0]) > SAME_CLIP * max(a, per_rank[0]) for a in per_rank)
         norms = f.rank_first_norms[step] if step < len(f.rank_first_norms) else []
@@ -248,6 +254,20 @@ def _clipping(report: Report, f: UserFacts) -> Optional[Finding]:
             continue
         return _clip_finding(f, step, per_rank, ref[0], off)
     return None
+
+
+def _by_hand(f: UserFacts, step: int, ref: List[float]) -> Optional[Finding]:
+    """The reference clipped with clip_grad_norm_; the ranks made no call, but the gradients rank 0's
+    optimizer was given are a fraction of those its backward left (no GradScaler between): clipped by
+    hand, with a total norm that is not the reference's."""
+    c = f.rank_scaled[step] if step < len(f.rank_scaled) else math.nan
+    scaler = step < len(f.rank_scaler) and any(s and math.isfinite(s[0]) for s in f.rank_scaler[step])
+    if scaler or not math.isfinite(c) or not 1e-3 < c < 1 - 1e-4 or not math.isfinite(ref[0]):
+        return None
+    return Finding(step, "gradients", "a uniform factor", "clip-by-hand",
+                   f"at step {step} the reference's clip_grad_norm_ scaled its gradients by {ref[0]:.4g}, the ranks' "
+                   f"own code by {c:.4g}: a norm {ref[0] / c:.4g}x the reference's total",
+                   value=ref[0] / c)
 
 
 def _clip_finding(f: UserFacts, step: int, per_rank: List[float], ref: float, off: bool) -> Finding:

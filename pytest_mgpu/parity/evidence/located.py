@@ -27,7 +27,7 @@ BY_SIGNAL: Final[Dict[str, Tuple[str, ...]]] = {
     "rows": ("forward",), "epoch-repeat": ("forward",), "data-restart": ("forward",), "passes": ("optimizer.step",),
     "loss": ("backward",), "backward": ("backward",), "clip": ("clip_grad_norm_",), "forward": ("forward",),
     "grads-carried": ("backward",), "grads-zeroed-micro": ("backward",),
-    "grads": ("backward", "optimizer.step"), "stage": ("backward",),
+    "grads": ("backward", "optimizer.step"), "stage": ("backward",), "clip-by-hand": ("backward", "optimizer.step"),
     "update-rank": ("optimizer.step",), "update-other": ("optimizer.step",),
     "update-foreign": ("optimizer.step",), "update-frozen": ("optimizer.step",), "update-inside": ("optimizer.step",),
 }

@@ -265,6 +265,12 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("clip-micro", "the gradients are clipped on every micro-batch (clip_grad_norm_ between the backward passes "
           "of one optimizer step): each partial sum is clipped, not the accumulated gradient", "clip once per optimizer "
           "step, after the last micro-batch's backward (with accelerate: under `if accelerator.sync_gradients:`)"),
+    Cause("clip-by-hand", "gradients clipped by hand with another norm than the total (a rank's own shard's, norms "
+          "summed, not the root of their squares)",
+          "clip with torch.nn.utils.clip_grad_norm_ over every parameter, or all_reduce the shards' sums of squares "
+          "and take the root of the total"),
+    Cause("clip-per-tensor", "gradients clipped per tensor (clip_grad_norm_ called once per parameter or group), not "
+          "by their total norm", "call clip_grad_norm_ once, on all the parameters"),
     Cause("clip-one-side", CLIP, "call torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) on both sides",
           "One side clips by hand (with a norm of its local shards) or not at all."),
     Cause("clip-ranks", CLIP, "clip on every rank, with the norm of the whole model's gradients (clip_grad_norm_ on "
