@@ -428,3 +428,21 @@ def staged(world_size: int, bug: str = "", steps: int = 4, reference: bool = Fal
             tdist.send(got.grad if got.grad is not None else torch.zeros_like(got), 0)
         opt.step()
         opt.zero_grad()
+
+
+def ramped(world_size: int, bug: str = "", steps: int = 4, reference: bool = False) -> None:
+    """Hand-written data parallelism with a consistency term whose weight ramps up from 0 over the steps
+    (a KL or consistency warm-up); the term is the outputs' squared mean. Bug on the ranks: ``ramp_fast``
+    (the ramp indexed by micro-step: twice as fast)."""
+    torch.manual_seed(0)
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
+    for step in range(steps):
+        x, y = batch(step) if reference else (t.chunk(world_size)[_rank()] for t in batch(step))
+        opt.zero_grad()
+        out = net(x)
+        ramp = min(1.0, (2 * step if bug == "ramp_fast" and not reference else step) / steps)
+        (nn.functional.mse_loss(out, y) + ramp * out.pow(2).mean()).backward()
+        if not reference:
+            _average(net, world_size)
+        opt.step()

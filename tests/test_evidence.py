@@ -397,3 +397,15 @@ def test_running_statistics_changed_after_a_no_grad_forward_in_training_mode_are
     f.ref_where[3] = {"forward": ("r.py:9",), "forward under no_grad": ("r.py:7",)}
     other = Finding(4, "state", "some modules", "untrained-other", "...", names=stats + ("AveragedModel.module.1.bias",))
     assert said(other, f).startswith("a buffer no optimizer steps is updated otherwise"), "not statistics alone"
+
+
+@world_sizes(2)
+def test_a_loss_that_agreed_and_then_differs_is_read_as_what_changes_over_the_steps(dist):
+    """A consistency weight ramped twice as fast: 0 at step 0 on both sides (the losses agree), apart after."""
+    ref = P(L.ramped, reference=True)
+    assert dist.assert_same_training(L.ramped, ref, dist.world_size, steps=4, record="optimizer").passed
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(P(L.ramped, bug="ramp_fast"), ref, dist.world_size, steps=4, record="optimizer")
+    line = str(info.value).splitlines()[1]
+    assert line.startswith("likely cause: what the loss reads changes otherwise over the steps: a coefficient or "
+                           "temperature on another schedule") and "(at step 1 the weights agree but the loss" in line, line

@@ -13,6 +13,7 @@ from .facts import UserFacts
 from .finding import Finding, Report
 from .located import located
 from .possible import possible_causes
+from .clip_causes import CLIPPING
 from .schedule_causes import SCHEDULE
 from .forward_causes import FORWARD
 from .table import TABLE, Cause
@@ -29,7 +30,7 @@ NO_CAUSE: Final = ("no known cause detected: look for rank-dependent code, non-d
 
 
 def cause_of(x: Finding, f: UserFacts) -> Optional[Cause]:
-    return next((c for c in TABLE + SCHEDULE + UPDATE + FORWARD if c.signal == x.signal and c.when(x, f)), None)
+    return next((c for c in TABLE + CLIPPING + SCHEDULE + UPDATE + FORWARD if c.signal == x.signal and c.when(x, f)), None)
 
 
 def said(x: Finding, f: UserFacts) -> str:

@@ -160,3 +160,8 @@ def stats_in_train_no_grad(x: Finding, f: UserFacts) -> bool:
         if any(w.get(TRAIN_NO_GRAD) for w in ranks) and ref.get("forward under no_grad") and not ref.get(TRAIN_NO_GRAD):
             return True
     return False
+
+
+def later_step(x: Finding, f: UserFacts) -> bool:
+    """A loss that agreed at the steps before (with the same weights and rows) and differs from this one."""
+    return x.step > 0 and not x.names

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Final, Tuple
 
-from .conditions import (always, batch_statistics, below, by_hand, experts, experts_by_hand, experts_only, hand_scale,
-                         inside, inverse, local_batch, micro_steps, no_backward, owned_parts, passes, scaled,
-                         stats_in_train_no_grad, world)
+from .conditions import (always, batch_statistics, by_hand, experts, experts_by_hand, experts_only, hand_scale,
+                         inside, inverse, later_step, local_batch, micro_steps, no_backward, owned_parts, passes,
+                         scaled, stats_in_train_no_grad, world)
 from .facts import UserFacts
 from .finding import Finding
 
@@ -253,39 +253,15 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "tensor passed to the outermost module with parameters called forward on each side: call the model itself "
           "alike on both sides", "",
           lambda x, f: x.names[:1] == ("rows-unseen",)),
+    Cause("loss-other", "what the loss reads changes otherwise over the steps: a coefficient or temperature on another "
+          "schedule, or state it keeps (a centre, a running normaliser) updated from each rank's own values", "index "
+          "the schedule and update that state (from every rank's values) as the reference does", "", later_step),
     Cause("loss-other", "the ranks compute the loss otherwise (normalised by a local count, or missing other ranks' "
           "terms)", "normalise by the global count (all_reduce it), gather what the loss needs from every rank with "
           "torch.distributed.nn.functional.all_gather (it carries gradients), and reduce as the reference does",
           "With the same weights and rows, the loss differs: a mean over this rank's tokens, boxes or rows where the "
           "reference divides by the global count, a contrastive or global term without the other ranks' outputs, "
           "another reduction or loss function."),
-    Cause("clip-order", "clip_grad_norm_ runs before the step's backward (after the previous optimizer.step or "
-          "zero_grad): the step uses unclipped gradients", "call clip_grad_norm_ after the step's last backward (after scaler.unscale_ with a "
-          "GradScaler) and before optimizer.step"),
-    Cause("clip-micro", "the gradients are clipped on every micro-batch (clip_grad_norm_ between the backward passes "
-          "of one optimizer step): each partial sum is clipped, not the accumulated gradient", "clip once per optimizer "
-          "step, after the last micro-batch's backward (with accelerate: under `if accelerator.sync_gradients:`)"),
-    Cause("clip-by-hand", "gradients clipped by hand with another norm than the total (a rank's own shard's, norms "
-          "summed, not the root of their squares)",
-          "clip with torch.nn.utils.clip_grad_norm_ over every parameter, or all_reduce the shards' sums of squares "
-          "and take the root of the total"),
-    Cause("clip-per-tensor", "gradients clipped per tensor (clip_grad_norm_ called once per parameter or group), not "
-          "by their total norm", "call clip_grad_norm_ once, on all the parameters"),
-    Cause("clip-one-side", CLIP, "call torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) on both sides",
-          "One side clips by hand (with a norm of its local shards) or not at all."),
-    Cause("clip-ranks", CLIP, "clip on every rank, with the norm of the whole model's gradients (clip_grad_norm_ on "
-          "DTensor parameters reduces it over the mesh)", "Clipped on some ranks only, or with each rank's own norm."),
-    Cause("clip-norm", "gradients clipped while still multiplied by the GradScaler's scale", "call "
-          "scaler.unscale_(optimizer) before clip_grad_norm_, then scaler.step(optimizer)", "The clip saw the scaled "
-          "gradients' norm, so it clipped by a factor the scale sets.", scaled),
-    Cause("clip-norm", "gradients clipped while still multiplied by a loss scale " + HAND_SCALE, UNSCALE, "",
-          hand_scale),
-    Cause("clip-norm", "gradient accumulation without dividing the loss", ACCUM, ACCUM_WHY, passes),
-    Cause("clip-norm", CLIP, "backpropagate the mean loss, and let DDP/FSDP average (or divide an all_reduce SUM by "
-          "the world size)", "The loss is scaled by the world size, or gradients summed instead of averaged.", world),
-    Cause("clip-norm", CLIP, "all_reduce the squared local norms before clipping, or clip the whole model's "
-          "gradients (clip_grad_norm_ on DTensor parameters reduces the norm over the mesh)",
-          "The norm is computed over each rank's local shards or part of the parameters only.", below),
     Cause("grads-carried", "gradients not zeroed between steps", "call optimizer.zero_grad() once per optimizer step, "
           "after optimizer.step() (with accumulation: after the step, not after each micro-batch)"),
     Cause("grads-kept-between", "gradients not zeroed between the backward passes of a step, where the reference "
