@@ -203,7 +203,7 @@ def scheduled(world_size: int, bug: str = "", steps: int = 4, micro: int = 1, re
     and the summed gradients divided by W: the same gradients, a loss counted W times). Bugs on the ranks:
     ``wd`` (weight decay 1e-4 relative off), ``sched_micro`` (the scheduler stepped after every micro-batch),
     ``sched_first`` (stepped before the optimizer), ``sched_epoch`` (stepped per epoch: never within these
-    steps); with ``clip`` (a max norm) the gradients are clipped before the step, and on the ranks
+    steps), ``sched_twice`` (stepped twice per update); with ``clip`` (a max norm) the gradients are clipped before the step, and on the ranks
     ``clip_micro`` clips after each micro-batch's backward instead, ``clip_late`` after opt.step(),
     ``clip_summed`` by hand with the tensors' norms summed, ``clip_per_tensor`` each tensor by its own norm;
     ``micro_undivided``: the ranks' micro-batch losses are not divided by ``micro``."""
@@ -243,6 +243,8 @@ def scheduled(world_size: int, bug: str = "", steps: int = 4, micro: int = 1, re
             torch.nn.utils.clip_grad_norm_(net.parameters(), clip)  # after the step: it used them unclipped
         if bug not in ("sched_micro", "sched_first", "sched_epoch") or reference:
             sched.step()
+        if bug == "sched_twice" and not reference:
+            sched.step()  # a second step per update (a per-epoch length stepped per update runs as fast)
 
 
 def amp_scaled(world_size: int, bug: str = "", steps: int = 4, reference: bool = False) -> None:

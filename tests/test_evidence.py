@@ -409,3 +409,15 @@ def test_a_loss_that_agreed_and_then_differs_is_read_as_what_changes_over_the_st
     line = str(info.value).splitlines()[1]
     assert line.startswith("likely cause: what the loss reads changes otherwise over the steps: a coefficient or "
                            "temperature on another schedule") and "(at step 1 the weights agree but the loss" in line, line
+
+
+@world_sizes(2)
+def test_a_schedule_that_runs_k_times_as_fast_says_so_in_its_cause(dist):
+    """StepLR stepped twice per update (one backward per step, so not per micro-batch): the ranks' lr at step
+    s is the reference's at step 2s, and the cause says the schedule runs faster, not only that the lr differs."""
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(P(L.scheduled, bug="sched_twice"), P(L.scheduled, reference=True, blocks=True),
+                                  dist.world_size, steps=4, record="optimizer")
+    line = str(info.value).splitlines()[1]
+    assert line.startswith("likely cause: the ranks' lr schedule runs faster (stepped more than once per update"), line
+    assert "the ranks' lr at step s is the reference's at step 2s" in line, line

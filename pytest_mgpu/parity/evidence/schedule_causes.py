@@ -27,9 +27,10 @@ SCHEDULE: Final[Tuple[Cause, ...]] = (
     Cause("lr-faster", "the learning rate differs", "call scheduler.step() right after optimizer.step(), once per step",
           "The scheduler is stepped per micro-batch (several times per optimizer step).",
           lambda x, f: f.rank_backwards > 1),
-    Cause("lr-faster", "the learning rate differs", "step the scheduler once per optimizer step, and build it for the "
-          "reference's number of steps", "The ranks' schedule runs faster: a scheduler stepped more than once per "
-          "optimizer step, or built for fewer steps (another total_steps, step_size or warm-up)."),
+    Cause("lr-faster", "the ranks' lr schedule runs faster (stepped more than once per update, or its length in "
+          "other units: total, T_max, warm-up)", "step the scheduler once per optimizer step, and build it for the reference's number of steps",
+          "A length in epochs where the scheduler is stepped per update, or from a shorter loader, makes the same "
+          "schedule run k times as fast."),
     Cause("lr-ahead", "the learning rate schedule runs ahead of the reference's", "call scheduler.step() after "
           "optimizer.step(), and only on steps the optimizer took (scaler.step may skip one: step the scheduler when "
           "scaler.get_scale() did not drop)", "The scheduler is stepped before the optimizer, once more at the start, "
