@@ -12,6 +12,7 @@ import os
 import pickle
 import shutil
 import sys
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ class PoolLauncher:
         self._fresh = SpawnLauncher(self._store)
         self.max_ranks = max_ranks
         self.recycle_after = recycle_after  # calls before a pool is replaced, to bound slow leaks
+        self._reapers: List[threading.Thread] = []  # discarded pools' ranks, killed, waited for apart
 
     @staticmethod
     def key(spec: LaunchSpec) -> Key:
@@ -149,6 +151,9 @@ class PoolLauncher:
     def close(self) -> None:
         for key in list(self._pools):
             self._discard(key)
+        for reaper in self._reapers:
+            reaper.join()  # each bounded: JOIN_S a rank, the ranks already killed
+        self._reapers.clear()
         self._fresh.close()
 
     # -- internals ----------------------------------------------------------------------------
@@ -187,11 +192,20 @@ class PoolLauncher:
             return
         for p in pool.procs:
             kill_tree(p.pid)  # a rank may be stuck in a collective: asking it to exit is not enough
-        for p in pool.procs:
-            p.join(JOIN_S)
         for conn in pool.conns:
             conn.close()
-        shutil.rmtree(pool.logdir, ignore_errors=True)
+        # Their exit comes through the forkserver, which a loaded machine can make slow to tell: waited
+        # for beside the test (a failure is reported at once), and at close.
+        self._reapers = [r for r in self._reapers if r.is_alive()]
+        reaper = threading.Thread(target=_reap, args=(pool,), name="mgpu-reap", daemon=True)
+        reaper.start()
+        self._reapers.append(reaper)
+
+
+def _reap(pool: "_Pool") -> None:
+    for p in pool.procs:
+        p.join(JOIN_S)
+    shutil.rmtree(pool.logdir, ignore_errors=True)
 
 
 @dataclass
