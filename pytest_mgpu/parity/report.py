@@ -172,8 +172,9 @@ class ParityReport:
             head += f"; worst error / line: {worst:.3g}"
         blind = self.blind_below() if self.passed and not self.bitwise else None
         if blind is not None:
+            why = "from the roundoff of the loop's precision" if self.tolerance.rule == "measured" else "the rtol given"
             head += (f"; cannot tell a difference under {blind[1]:.2g} of a gradient's norm (the line at step "
-                     f"{blind[0]}, from the roundoff of the loop's precision): a pass rules out larger ones only")
+                     f"{blind[0]}, {why}): a pass rules out larger ones only")
         body = [head, message.summary_table(self)]
         body += [f"note: {n}" for n in self.notes]
         return "\n".join(body)

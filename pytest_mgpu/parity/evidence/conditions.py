@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from ..record.where import TRAIN_NO_GRAD
 from .facts import UserFacts
 from .finding import Finding
 
@@ -150,8 +151,6 @@ def stats_in_train_no_grad(x: Finding, f: UserFacts) -> bool:
     """The state that differs is running statistics alone, and before it differed (this step or the one
     before) a forward under no_grad ran in training mode on some rank where the reference's ran in eval
     mode: that forward updated them (a validation, target or averaged copy's pass without ``eval()``)."""
-    from ..record.where import TRAIN_NO_GRAD
-
     if not x.names or not all(n.rsplit(".", 1)[-1] in STATISTICS for n in x.names):
         return False
     for s in (x.step - 1, x.step):

@@ -51,7 +51,7 @@ def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Lay
     facts.ref_step_backwards = [s.backwards for s in ref.steps]
     facts.rank_clips = [[_factors(side.steps[i]) for side in ranks] for i in range(steps)]
     facts.ref_clips = [_factors(s) for s in ref.steps]
-    facts.rank_scaled = [_scaled(ranks[0].steps[i]) for i in range(steps)] if ranks else []
+    facts.rank_scaled = _hand_scales(ranks[0], ref, steps) if ranks else []
     facts.rank_clip_norms = [[c[0] for c in s.steps[i].clips] for s in ranks[:1] for i in range(steps)]
     facts.ref_clip_norms = [[c[0] for c in s.clips] for s in ref.steps]
     facts.rank_first_norms = [[side.steps[i].clips[0][0] if side.steps[i].clips else math.nan for side in ranks]
@@ -118,6 +118,13 @@ def _holdings(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Layo
 def _factors(step) -> List[float]:
     """The factor each gradient clipping of a step scaled the gradients by (1: under max_norm)."""
     return [min(1.0, m / (n + 1e-6)) if math.isfinite(n) else math.nan for n, m, *_ in step.clips]
+
+
+def _hand_scales(rank0: SideLog, ref: SideLog, steps: int) -> List[float]:
+    """``_scaled`` per step, read only where the reference clipped and rank 0 made no clipping call (a
+    clip by hand): a check that clips alike, or not at all, pays nothing for it (NaN there)."""
+    return [_scaled(rank0.steps[i]) if ref.steps[i].clips and not rank0.steps[i].clips else math.nan
+            for i in range(steps)]
 
 
 def _scaled(step) -> float:
