@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Final, List, Optional
 
-from . import conduct, gradients, inputs, loss, outputs, state, update
+from . import conduct, gradients, inputs, loss, loss_ops, outputs, state, update
 from .conditions import micro_steps, passes_words, scaled, scaler_order
 from .facts import UserFacts
 from .finding import Finding, Report
@@ -61,7 +61,8 @@ def localise(report: Report) -> List[Finding]:
     while first is not None and first < len(report.records) - 1 and loss.counted_otherwise(report, f, first):
         first += 1  # a loss counted otherwise beside the same gradients: training diverges later
     found = state.findings(report, f) + conduct.findings(report, f, first) + inputs.findings(f) + \
-        outputs.findings(report, f) + loss.findings(report, f) + gradients.findings(report, f) + update.findings(report, f)
+        loss_ops.sharpened(outputs.findings(report, f), f) + loss.findings(report, f) + gradients.findings(report, f) + \
+        update.findings(report, f)
     if first is not None:
         found = [x for x in found if x.step <= first]
     found.sort(key=lambda x: (x.signal in PASSES_ON or cause_of(x, f) is None, x.order))

@@ -193,6 +193,9 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("loss-rows-moved", "rows get another row's loss terms (per-row targets, weights or reference values read "
           "at another offset, slice or order than their rows)", "slice per-row terms with the rank's own offset "
           "(rank x rows per rank) and keep them in their rows' order"),
+    Cause("loss-ops", "the loss is computed otherwise from the same outputs",
+          "compute the loss as the reference does at that line (the same operations, arguments and order), or make "
+          "the reference do the same where the difference is meant"),
     Cause("loss-formula", "the loss's formula or targets differ on the same outputs (a term's weight or temperature, "
           "a reduction, targets from another source or index, or other ranks' terms not gathered with autograd)", "compute the loss as "
           "the reference does from the same outputs: the same terms, weights and reductions, targets looked up by the "

@@ -42,6 +42,7 @@ class Probe:
     outs: Any = None  # the output condensed as the gradient is: its positions, for parts of rows (a sequence split)
     open: bool = True  # its step is under way: a gradient that reaches it later is another step's
     trail: List[Any] = field(default_factory=list)  # its submodule calls' inputs and outputs per row (trail.py)
+    ops: List[Any] = field(default_factory=list)  # the calls that made the loss from it (loss_ops.py)
 
 
 @functools.lru_cache(maxsize=16)

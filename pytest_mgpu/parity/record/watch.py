@@ -33,6 +33,7 @@ from .context import in_function, pipeline_inference
 from .fsdp1_flat import is_flat
 from .calls import fsdp1_clip, scheduler_steps
 from .inputs import Inputs
+from .loss_ops import Recorder
 from .prints import chunk_prints, fingerprint
 from .probe import Probe, attach, loss_backward
 from .trail import Trail, holder_of
@@ -97,6 +98,7 @@ class Watch:
         self._pending: Optional[List[float]] = None  # the outermost call's rows, until its output is probed
         self._trail: Optional[Trail] = None  # the probed call's submodule calls (trail.py)
         self._by_keyword = False  # the outermost call under way passed its tensors as keywords only
+        self._loss_ops = Recorder(lambda: self._depth > 0)  # the calls from a probed output to its backward
 
     # -- hooks ------------------------------------------------------------------------------
     def _pre(self, module, args, kwargs=None):
@@ -210,10 +212,13 @@ class Watch:
                 if probe is not None:
                     probe.trail = marks
                     self._inputs.probes.append(probe)
+                    if probe.open and probe.out:
+                        self._loss_ops.start(probe.ops)
         return None
 
     def take_inputs(self) -> Inputs:
         """The rows seen since the last step; starts the next step's."""
+        self._loss_ops.stop()
         got, self._inputs, self._depth = self._inputs, Inputs(), 0
         trail, self._trail = self._trail, None
         if trail is not None:
@@ -234,12 +239,13 @@ class Watch:
         from torch.nn.modules import module as M
         from torch.utils.data.distributed import DistributedSampler
 
-        self._handles = [M.register_module_forward_pre_hook(self._pre)]
+        self._handles = [M.register_module_forward_pre_hook(self._pre), self._loss_ops]  # removed alike
         backward, set_epoch, passes = torch.autograd.backward, DistributedSampler.set_epoch, DistributedSampler.__iter__
         watch = self
 
         def observed_backward(tensors, *args, **kwargs):
             t = tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else tensors
+            watch._loss_ops.stop()
             top = isinstance(t, torch.Tensor) and t.numel() == 1 and torch._C._current_autograd_node() is None \
                 and not pipeline_inference()
             if top and not watch.light:

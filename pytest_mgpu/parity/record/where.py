@@ -95,6 +95,24 @@ def caller_line(depth: int = 24) -> str:
     return ""
 
 
+def loop_frame(skip: int = 1, depth: int = DEPTH) -> Optional[Tuple[str, int]]:
+    """(file, line) of the innermost frame of the user's code, ``skip`` frames above the caller's, through
+    torch's and installed libraries' frames; None where a frame of this plugin comes first (its own hooks'
+    calls) or none is found."""
+    plugin = _ours()[1]
+    frame: Optional[FrameType] = sys._getframe(skip + 1)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        name = frame.f_code.co_filename
+        if os.path.abspath(name).startswith(plugin):
+            return None
+        if not library(name):
+            return name, frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
 def add(where: Dict[str, List[str]], kind: str, line: str) -> None:
     """Note ``line`` as a location of ``kind`` (each location once, in the order first seen)."""
     if line:

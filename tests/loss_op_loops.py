@@ -1,0 +1,77 @@
+"""Loops for ``test_loss_ops.py``: a student distilled from a frozen teacher under DDP (Hinton's loss:
+cross entropy plus a temperature-softened KL), each rank on its block of one seeded global batch, and the
+one-device reference. ``gathered`` computes the same loss over the global batch on every rank (the ranks'
+outputs gathered with autograd, the rank's own rows' targets sliced, the loss times the world size as DDP
+averages): another layout's calls for the same loss. Written as users write them."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as tdist
+import torch.nn.functional as F
+from torch import nn
+
+DIM, OUT, BATCH, T, ALPHA = 8, 5, 16, 2.0, 0.5
+
+
+def _models():
+    torch.manual_seed(0)
+    student = nn.Sequential(nn.Linear(DIM, 16), nn.Tanh(), nn.Linear(16, OUT))
+    teacher = nn.Sequential(nn.Linear(DIM, 16), nn.Tanh(), nn.Linear(16, OUT)).requires_grad_(False)
+    return student, teacher
+
+
+def batch(step: int):
+    g = torch.Generator().manual_seed(10 + step)
+    return torch.randn(BATCH, DIM, generator=g), torch.randint(0, OUT, (BATCH,), generator=g)
+
+
+def kd_loss(s, t, y, bug: str = ""):
+    ce = F.cross_entropy(s, y)
+    p_t = F.softmax(t if bug == "teacher_not_softened" else t / T, dim=1)
+    kl = F.kl_div(F.log_softmax(s / T, dim=1), p_t, reduction="mean" if bug == "kl_mean" else "batchmean")
+    return (1 - ALPHA) * ce + ALPHA * T * T * kl
+
+
+def distilled(world_size: int, bug: str = "", steps: int = 3, reference: bool = False) -> None:
+    student, teacher = _models()
+    rank = 0 if reference else tdist.get_rank()
+    model = student if reference else nn.parallel.DistributedDataParallel(student)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rows = BATCH if reference else BATCH // world_size
+    for step in range(steps):
+        x, y = batch(step)
+        x, y = x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows]
+        s = model(x)
+        with torch.no_grad():
+            t = teacher(x)  # after the student's forward: the teacher's calls are its model's, not the loss's
+        loss = kd_loss(s, t, y, "" if reference else bug)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def gathered(world_size: int, bug: str = "", steps: int = 3) -> None:
+    """The global batch's loss on every rank: outputs gathered with autograd; ``targets_shifted`` reads
+    the targets of another rank's rows, ``kl_mean`` as ``distilled``'s."""
+    from torch.distributed.nn.functional import all_gather
+
+    student, teacher = _models()
+    model = nn.parallel.DistributedDataParallel(student)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rank, rows = tdist.get_rank(), BATCH // world_size
+    for step in range(steps):
+        x, y = batch(step)
+        mine = x[rank * rows:(rank + 1) * rows]
+        with torch.no_grad():
+            t = teacher(x)
+        s = torch.cat(all_gather(model(mine)))
+        if bug == "targets_shifted":
+            y = torch.roll(y, rows)
+        loss = kd_loss(s, t, y, bug)  # all_gather's backward sums every rank's terms: DDP's mean is the global one
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def reference(world_size: int, bug: str = "", steps: int = 3) -> None:
+    distilled(world_size, bug, steps, reference=True)

@@ -1,0 +1,98 @@
+"""Where step 0's loss differs on the same outputs, the first call that made it otherwise is named with
+its line (``parity/record/loss_ops.py``, ``parity/evidence/loss_ops.py``): real 2-rank DDP runs of
+``tests/loss_op_loops.py`` (a distillation loss), and the recorder alone."""
+import functools
+import inspect
+
+import pytest
+
+from pytest_mgpu import ParityError, world_sizes
+from tests import loss_op_loops as L
+
+P = functools.partial
+
+
+def first_cause(text: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith("likely cause: "))
+
+
+def line_of(fn, text: str) -> str:
+    lines, start = inspect.getsourcelines(fn)
+    return f"loss_op_loops.py:{start + next(i for i, line in enumerate(lines) if text in line)}"
+
+
+@world_sizes(2)
+@pytest.mark.parametrize("loop", ["distilled", "gathered"])
+def test_correct_loops_of_either_layout_pass(dist, loop):
+    assert dist.assert_same_training(getattr(L, loop), L.reference, dist.world_size, record="optimizer").passed
+
+
+# (loop, bug) -> (the calls said, the line's code)
+CASES = {
+    ("distilled", "teacher_not_softened"): ("rank 0 skips x / 2, which the reference computes", "p_t = "),
+    ("distilled", "kl_mean"): ("rank 0 computes kl_div(reduction='mean'), the reference kl_div(reduction='batchmean')",
+                               "kl = "),
+    ("gathered", "kl_mean"): ("rank 0 computes kl_div(reduction='mean'), the reference kl_div(reduction='batchmean')",
+                              "kl = "),
+    ("gathered", "targets_shifted"): ("rank 0 computes roll(_, 8), which the reference does not", "y = torch.roll"),
+}
+
+
+@world_sizes(2)
+@pytest.mark.parametrize("loop, bug", list(CASES))
+def test_the_first_call_that_makes_the_loss_otherwise_is_named_at_its_line(dist, loop, bug):
+    """The calls of each side's loss lined up: an argument that differs, a call one side skips, a call one
+    side adds; what the gathered layout adds (the gather, the concatenation, the world size's factor) is not a
+    difference, nor are the teacher's forward's calls made inside the window."""
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(P(getattr(L, loop), bug=bug), L.reference, dist.world_size, record="optimizer")
+    line = first_cause(str(info.value))
+    calls, code = CASES[(loop, bug)]
+    assert line.startswith(f"likely cause: the loss is computed otherwise from the same outputs (at step 0, {calls}: "
+                           f"`{code}"), line
+    where = line_of(L.kd_loss, code) if bug != "targets_shifted" else line_of(L.gathered, code)
+    assert f" at {where}{' in the reference' if bug == 'teacher_not_softened' else ''} (the loss). Fix: " in line, line
+    assert len(line) < 500
+
+
+def test_the_recorder_reads_the_loops_calls_alone_and_leaves_the_mode_stack_as_it_found_it():
+    """Calls inside a model's forward (``busy``) and the plugin's own are not the loss's; a mode pushed by
+    the loop after the recorder's is left on the stack (and the recorder reads no more)."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    from pytest_mgpu.parity.record.loss_ops import Recorder
+
+    inside = [False]
+    rec = Recorder(lambda: inside[0])
+    ops: list = []
+    x = torch.randn(4, 3)
+    rec.start(ops)
+    y = torch.softmax(x / 2.0, dim=1)
+    inside[0] = True
+    torch.tanh(x)  # a model's forward
+    inside[0] = False
+    rec.stop()
+    torch.exp(y)
+    assert [op.shown for op in ops] == ["x / 2", "softmax(_, dim=1)"], ops
+    lines, start = inspect.getsourcelines(test_the_recorder_reads_the_loops_calls_alone_and_leaves_the_mode_stack_as_it_found_it)
+    here = start + next(i for i, line in enumerate(lines) if "y = torch.softmax" in line)
+    assert ops[0].line == f"test_loss_ops.py:{here}" and ops[0].source.startswith("y = torch.softmax"), ops
+    assert torch._C._len_torch_function_stack() == 0
+
+    class Theirs(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    rec.start(ops := [])
+    theirs = Theirs()
+    theirs.__enter__()
+    try:
+        rec.stop()
+        torch.exp(x)
+        assert torch._C._len_torch_function_stack() == 2 and not ops
+    finally:
+        theirs.__exit__(None, None, None)
+    assert torch._C._len_torch_function_stack() == 1  # the recorder's own, under the loop's: reads nothing
+    rec.stop()
+    assert torch._C._len_torch_function_stack() == 0
