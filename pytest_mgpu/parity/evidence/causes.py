@@ -8,7 +8,7 @@ import math
 from typing import Final, List, Optional
 
 from . import conduct, gradients, inputs, loss, loss_ops, outputs, state, update
-from .conditions import micro_steps, passes_words, scaled, scaler_order
+from .conditions import loss_calls, micro_steps, passes_words, scaled, scaler_order
 from .facts import UserFacts
 from .finding import Finding, Report
 from .located import located
@@ -42,8 +42,11 @@ def said(x: Finding, f: UserFacts) -> str:
     fix = cause.fix.replace("loss / k", f"loss / {k}").replace("the k micro", f"the {k} micro")
     why = cause.why.replace("k means", f"{k} means")
     what = cause.what + (f" ({x.names[0]})" if x.signal in ("hyper", "grads-precision") and x.names else "")
-    at = located(x, f)
-    evidence = x.evidence if not at or len(x.evidence) <= EVIDENCE else x.evidence[:EVIDENCE - 3].rstrip() + "..."
+    at, evidence = located(x, f), x.evidence
+    if cause.when is loss_calls:  # the first call that differs: its words and line
+        words, line = loss_ops.difference(f) or ("", "")
+        evidence, at = f"{evidence}; {words}", f"at {line} (the loss)" if line else at
+    evidence = evidence if not at or len(evidence) <= EVIDENCE else evidence[:EVIDENCE - 3].rstrip() + "..."
     if cause.when is scaled:
         what = f"{what} ({scaler_order(f, x.step)})"
     elif cause.when is micro_steps:

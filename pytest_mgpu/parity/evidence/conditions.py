@@ -8,6 +8,7 @@ import math
 from ..record.where import TRAIN_NO_GRAD
 from .facts import UserFacts
 from .finding import Finding
+from .loss_ops import difference
 
 
 def _near(k: float, target: float) -> bool:
@@ -164,3 +165,9 @@ def stats_in_train_no_grad(x: Finding, f: UserFacts) -> bool:
 def later_step(x: Finding, f: UserFacts) -> bool:
     """A loss that agreed at the steps before (with the same weights and rows) and differs from this one."""
     return x.step > 0 and not x.names
+
+
+def loss_calls(x: Finding, f: UserFacts) -> bool:
+    """At step 0, with the same weights, the calls that made rank 0's loss differ from the reference's
+    (``loss_ops.difference``)."""
+    return x.step == 0 and difference(f) is not None

@@ -5,8 +5,9 @@ differs, with its line in the loop.
 
 What a data-parallel loop does otherwise for its layout is not read as a difference: calls that move or
 shape tensors (gathering the ranks' parts, slicing a rank's rows, building index tensors), sizes that
-differ by the world size, a multiplication or division by the world size the ranks add. Where more than
-``MOST`` places differ, the two loops are written otherwise, and nothing is said."""
+differ by the world size, a multiplication or division by the world size the ranks add. A difference a loop
+makes again at the same lines (each output of deep supervision) is one place. Where more than ``MOST``
+places differ, the two loops are written otherwise, and nothing is said."""
 from __future__ import annotations
 
 import difflib
@@ -120,6 +121,13 @@ def _said(block: Tuple[str, int, int, int, int], ref: Sequence[Any], mine: Seque
     return f"rank 0 computes {m.shown}, the reference {r.shown}{_code(m)}", m.line
 
 
+def _signature(block: Tuple[str, int, int, int, int], ref: Sequence[Any], mine: Sequence[Any]) -> Tuple[Any, ...]:
+    """A place by what differs there and where: the same difference made again by a loop (each output of deep
+    supervision, each micro-batch's loss) is one place."""
+    tag, i1, i2, j1, j2 = block
+    return tag, tuple((o.key, o.line) for o in ref[i1:i2]), tuple((o.key, o.line) for o in mine[j1:j2])
+
+
 def _first_ops(probes: Sequence[Any]) -> List[Any]:
     return next((list(p.ops) for p in probes if getattr(p, "ops", None)), [])
 
@@ -133,7 +141,8 @@ def difference(f: UserFacts) -> Optional[Tuple[str, str]]:
     if not ref or not mine:
         return None
     matcher = difflib.SequenceMatcher(None, [o.key for o in ref], [o.key for o in mine], autojunk=False)
-    places = [b for b in matcher.get_opcodes() if b[0] != "equal" and _meaningful(b, ref, mine, f.world_size)]
+    places = list({_signature(b, ref, mine): b for b in reversed(matcher.get_opcodes())
+                   if b[0] != "equal" and _meaningful(b, ref, mine, f.world_size)}.values())[::-1]
     if not places or len(places) > MOST:
         return None
     first = next((b for b in places if _meaningful(b, ref, mine, f.world_size, scales=True)), places[0])

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Callable, Final, Tuple
 
 from .conditions import (always, batch_statistics, by_hand, experts, experts_by_hand, experts_only, hand_scale,
-                         inside, inverse, later_step, local_batch, micro_steps, no_backward, owned_parts, passes,
+                         inside, inverse, later_step, local_batch, loss_calls, micro_steps, no_backward, owned_parts,
+                         passes,
                          scaled, stats_in_train_no_grad, world)
 from .facts import UserFacts
 from .finding import Finding
@@ -33,6 +34,8 @@ ACCUM = "backpropagate loss / k for each of the k micro-batches accumulated per 
 ACCUM_WHY = "Each micro-batch's loss is backpropagated undivided, so the step's gradient is the sum of k means."
 SAME_LR = ("give both sides the same learning rate; DDP and FSDP average the gradients, so the one-device loop on the "
            "global batch takes the same lr")
+LOSS_CALLS = ("compute the loss as the reference does at that line (the same operations, arguments and order), or make "
+              "the reference do the same where the difference is meant")
 CLIP = "gradient clipping differs"
 INSIDE = ("the model's backward differs (same outputs and loss gradient): a hand-written backward missing its "
           "all_reduce (e.g. SyncBatchNorm), a tensor sent without autograd, or a detached branch")
@@ -193,9 +196,7 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("loss-rows-moved", "rows get another row's loss terms (per-row targets, weights or reference values read "
           "at another offset, slice or order than their rows)", "slice per-row terms with the rank's own offset "
           "(rank x rows per rank) and keep them in their rows' order"),
-    Cause("loss-ops", "the loss is computed otherwise from the same outputs",
-          "compute the loss as the reference does at that line (the same operations, arguments and order), or make "
-          "the reference do the same where the difference is meant"),
+    Cause("loss-ops", "the loss is computed otherwise from the same outputs", LOSS_CALLS),
     Cause("loss-formula", "the loss's formula or targets differ on the same outputs (a term's weight or temperature, "
           "a reduction, targets from another source or index, or other ranks' terms not gathered with autograd)", "compute the loss as "
           "the reference does from the same outputs: the same terms, weights and reductions, targets looked up by the "
@@ -259,6 +260,7 @@ TABLE: Final[Tuple[Cause, ...]] = (
     Cause("loss-other", "what the loss reads changes otherwise over the steps: a coefficient or temperature on another "
           "schedule, or state it keeps (a centre, a running normaliser) updated from each rank's own values", "index "
           "the schedule and update that state (from every rank's values) as the reference does", "", later_step),
+    Cause("loss-other", "the loss is computed otherwise", LOSS_CALLS, "", loss_calls),
     Cause("loss-other", "the ranks compute the loss otherwise (normalised by a local count, or missing other ranks' "
           "terms)", "normalise by the global count (all_reduce it), gather what the loss needs from every rank with "
           "torch.distributed.nn.functional.all_gather (it carries gradients), and reduce as the reference does",

@@ -150,8 +150,8 @@ class Watch:
         line, self._pending = user_line(2), None
         if not torch.is_grad_enabled() and not in_function():
             add(self._inputs.where, "forward under no_grad", line)
-            if module.training:
-                add(self._inputs.where, TRAIN_NO_GRAD, line)  # a validation pass without eval()
+            if module.training and any(m.training for m in self.census.modules(module)[1:] or [module]):
+                add(self._inputs.where, TRAIN_NO_GRAD, line)  # validation without eval() (not a wrapper's flag)
             return
         add(self._inputs.where, "forward", line)
         if not all(m.training for m in self.census.modules(module)):
