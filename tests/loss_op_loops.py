@@ -75,3 +75,46 @@ def gathered(world_size: int, bug: str = "", steps: int = 3) -> None:
 
 def reference(world_size: int, bug: str = "", steps: int = 3) -> None:
     distilled(world_size, bug, steps, reference=True)
+
+
+class TwoHeads(nn.Module):
+    """A main and an auxiliary head (deep supervision): the loss weighs both outputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.main, self.aux = nn.Linear(DIM, 16), nn.Linear(16, OUT), nn.Linear(16, OUT)
+
+    def forward(self, x):
+        h = torch.tanh(self.body(x))
+        return self.main(h), self.aux(h)
+
+
+def two_heads(world_size: int, bug: str = "", steps: int = 3, reference: bool = False) -> None:
+    """``aux_weight``: the ranks weigh the auxiliary head's loss otherwise (the main output's gradient is the
+    reference's). ``labels_in_eval``: a correct loop that labels each batch with the DDP-wrapped model's inner
+    module in ``eval()`` under ``no_grad`` (the wrapper's own flag stays on) and then trains ``aux_weight``'s
+    way."""
+    torch.manual_seed(0)
+    net = TwoHeads()
+    rank = 0 if reference else tdist.get_rank()
+    model = net if reference else nn.parallel.DistributedDataParallel(net)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rows = BATCH if reference else BATCH // world_size
+    weight = 0.4 if bug and not reference else 0.3
+    for step in range(steps):
+        x, y = batch(step)
+        x, y = x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows]
+        if bug == "labels_in_eval" or reference:
+            net.eval()
+            with torch.no_grad():
+                y = (model(x)[0].argmax(1) + y) % OUT  # labels mixed with the model's own guesses
+            net.train()
+        main, aux = model(x)
+        loss = F.cross_entropy(main, y) + weight * F.cross_entropy(aux, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def two_heads_reference(world_size: int, bug: str = "", steps: int = 3) -> None:
+    two_heads(world_size, bug, steps, reference=True)

@@ -96,3 +96,18 @@ def test_the_recorder_reads_the_loops_calls_alone_and_leaves_the_mode_stack_as_i
     assert torch._C._len_torch_function_stack() == 1  # the recorder's own, under the loop's: reads nothing
     rec.stop()
     assert torch._C._len_torch_function_stack() == 0
+
+
+@world_sizes(2)
+@pytest.mark.parametrize("bug", ["aux_weight", "labels_in_eval"])
+def test_a_loss_weighing_an_output_not_compared_otherwise_is_named_at_its_line(dist, bug):
+    """The main output's gradient agrees, the loss does not: the weight of the auxiliary head's term, at its
+    line. A forward of the DDP-wrapped model whose inner module is in eval() is no validation pass in training
+    mode (the wrapper's own flag is not the modules')."""
+    with pytest.raises(ParityError) as info:
+        dist.assert_same_training(P(L.two_heads, bug=bug), P(L.two_heads_reference, bug=bug), dist.world_size,
+                                  record="optimizer")
+    line = first_cause(str(info.value))
+    assert line.startswith("likely cause: the loss is computed otherwise "), line
+    assert "rank 0 computes x * 0.4, the reference x * 0.3: `loss = F.cross_entropy(main, y) + weight" in line, line
+    assert f" at {line_of(L.two_heads, 'loss = F.cross_entropy(main, y)')} (the loss). Fix: " in line, line
