@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from .conditions import always, hand_scale, later_step, local_batch, scaled
+from .conditions import always, hand_scale, later_step, local_batch, loss_calls, scaled
 from .table import TABLE, Cause
 
 # The model's outputs differ for the same rows and weights: the forward causes of a loss that differs (the
@@ -49,7 +49,7 @@ MODULE: Final = Cause(
     "random draws for the global batch, and any collective inside it run exactly once", "",
     lambda x, f: x.names[:1] == ("module",) and "BatchNorm" not in x.names[-1])
 _DERIVED: Final = tuple(Cause("forward-other", c.what, c.fix, c.why, c.when) for c in TABLE if c.signal == "loss-other"
-                        and c.when not in (always, scaled, local_batch, hand_scale, later_step))
+                        and c.when not in (always, scaled, local_batch, hand_scale, later_step, loss_calls))
 _STATS: Final = tuple(c for c in _DERIVED if c.what.startswith(("BatchNorm", "Dropout")))
 LAYOUTS: Final = tuple(c for c in _DERIVED if c not in _STATS)  # a forward that exchanges rows by its layout
 # A loss term that reaches part of the model (evidence/loss.py): the loss causes that hold under their own

@@ -30,7 +30,7 @@ SHAPING: Final = frozenset(
     "flatten unflatten contiguous clone to float double half bfloat16 long int bool type type_as squeeze unsqueeze "
     "expand expand_as narrow repeat permute transpose t movedim empty empty_like zeros zeros_like ones ones_like full "
     "full_like new_zeros new_ones new_empty new_full new_tensor tensor as_tensor arange cpu cuda copy_ fill_ zero_ "
-    "__setitem__ all_gather all_gather_into_tensor all_reduce reduce_scatter wait_tensor".split())
+    "__setitem__ detach all_gather all_gather_into_tensor all_reduce reduce_scatter wait_tensor".split())
 SCALES: Final = frozenset("mul div true_divide __mul__ __truediv__ __rmul__".split())
 NUMBER = re.compile(r"-?\d+(\.\d+)?(e[-+]?\d+)?$")
 
@@ -45,9 +45,11 @@ def _args(op: Any) -> List[str]:
 
 
 def _rows_index(op: Any) -> bool:
-    """An index that picks rows (its first part not a whole ``:``): a rank's slice of the batch."""
+    """An index that picks rows (one index, or several whose first is not a whole ``:``): a rank's slice of
+    the batch."""
     args = _args(op)
-    return _name(op) == "__getitem__" and len(args) >= 2 and not args[1].lstrip("(").startswith(":")
+    return _name(op) == "__getitem__" and len(args) >= 2 and not (args[1].startswith("(") and
+                                                                 args[1][1:].split(",")[0].strip() == ":")
 
 
 def _by_world(a: str, b: str, world: int) -> bool:
@@ -71,9 +73,19 @@ def _by_world_scale(op: Any, world: int) -> bool:
     return _name(op) in SCALES and any(NUMBER.match(a) and abs(float(a) - world) < 1e-6 for a in _args(op))
 
 
+def _identity(op: Any) -> bool:
+    """``x + 0``, ``x * 1``: a rank's offset or factor that is nothing on rank 0."""
+    args = _args(op)
+    unit = {"add": "0", "sub": "0", "__add__": "0", "__sub__": "0", "__radd__": "0", "mul": "1", "__mul__": "1",
+            "__rmul__": "1", "div": "1", "__truediv__": "1"}.get(_name(op))
+    return unit is not None and len(args) == 2 and unit in args
+
+
 def _layout_only(ops: Sequence[Any], world: int, scales: bool = True) -> bool:
-    """Calls one side makes alone that only gather or slice (or, with ``scales``, scale by the world size)."""
-    return all(_name(op) in SHAPING or _rows_index(op) or (scales and _by_world_scale(op, world)) for op in ops)
+    """Calls one side makes alone that only gather, slice or add a rank's offset (or, with ``scales``, scale by
+    the world size)."""
+    return all(_name(op) in SHAPING or _rows_index(op) or _identity(op) or (scales and _by_world_scale(op, world))
+               for op in ops)
 
 
 def _meaningful(block: Tuple[str, int, int, int, int], ref: Sequence[Any], mine: Sequence[Any], world: int,
@@ -95,12 +107,31 @@ def _code(op: Any) -> str:
     return f": `{code}`" if code else ""
 
 
+def _split(op: Any) -> Tuple[List[str], dict]:
+    """An op's arguments: the positional ones, and the named ones by name."""
+    pos, named = [], {}
+    for a in _args(op):
+        key, eq, value = a.partition("=")
+        if eq and key.isidentifier():
+            named[key] = value
+        else:
+            pos.append(a)
+    return pos, named
+
+
 def _pair(r: Any, m: Any) -> Tuple[str, str]:
-    """Two calls of one function, each said by the arguments that differ alone (``kl_div(reduction='mean')``)."""
-    if r.shown.startswith("x ") or len(_args(r)) != len(_args(m)):
+    """Two calls of one function, each said by the arguments that differ alone (``kl_div(reduction='mean')``,
+    ``cross_entropy(no weight)``)."""
+    (rp, rn), (mp, mn) = _split(r), _split(m)
+    if r.shown.startswith("x") or len(rp) != len(mp):
         return r.shown, m.shown
-    diff = [(a, b) for a, b in zip(_args(r), _args(m)) if a != b]
-    return f"{_name(r)}({', '.join(a for a, _ in diff)})", f"{_name(m)}({', '.join(b for _, b in diff)})"
+    theirs = [a for a, b in zip(rp, mp) if a != b]
+    ours = [b for a, b in zip(rp, mp) if a != b]
+    for k in dict.fromkeys(list(rn) + list(mn)):
+        if rn.get(k) != mn.get(k):
+            theirs.append(f"{k}={rn[k]}" if k in rn else f"no {k}")
+            ours.append(f"{k}={mn[k]}" if k in mn else f"no {k}")
+    return f"{_name(r)}({', '.join(theirs)})", f"{_name(m)}({', '.join(ours)})"
 
 
 def _said(block: Tuple[str, int, int, int, int], ref: Sequence[Any], mine: Sequence[Any], world: int) -> Tuple[str, str]:
