@@ -111,3 +111,40 @@ def test_a_loss_weighing_an_output_not_compared_otherwise_is_named_at_its_line(d
     assert line.startswith("likely cause: the loss is computed otherwise "), line
     assert "rank 0 computes x * 0.4, the reference x * 0.3: `loss = F.cross_entropy(main, y) + weight" in line, line
     assert f" at {line_of(L.two_heads, 'loss = F.cross_entropy(main, y)')} (the loss). Fix: " in line, line
+
+
+def _ops(*calls):
+    """Probes holding the calls ``(name, args, kwargs, line)``, as a side's first step records them."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from pytest_mgpu.parity.record.loss_ops import op_of
+
+    t = torch.zeros(1)
+    ops = [op_of(name, tuple(t if a is None else a for a in args), kwargs, f"loop.py:{line}", f"code {line}")
+           for name, args, kwargs, line in calls]
+    return [SimpleNamespace(ops=ops)]
+
+
+def test_what_a_layout_does_otherwise_is_no_difference_and_the_first_that_is_one_is_said():
+    """Unit: the lining up alone, on made-up calls (no ranks)."""
+    from pytest_mgpu.parity.evidence.facts import UserFacts
+    from pytest_mgpu.parity.evidence.loss_ops import difference
+
+    ref = [("log_softmax", (None,), {"dim": 1}, 10), ("div", (None, 48), {}, 11), ("mul", (None, 0.5), {}, 12)]
+    layout = [("detach", (None,), {}, 20), ("cat", ([None, None],), {}, 21), ("add", (None, 0), {}, 22),
+              ("__getitem__", (None, slice(0, 8)), {}, 23)]
+    f = UserFacts("fn", world_size=2, ref_probes=_ops(*ref), rank_probes=[_ops(*(layout + ref))])
+    assert difference(f) is None  # a gather, a detach, rank 0's offset of 0, its rows' slice
+    f.rank_probes = [_ops(*(layout + ref[:1] + [("div", (None, 16), {}, 11)] + ref[2:]))]
+    words, line = difference(f)
+    assert words == ("rank 0 computes x / 16, the reference x / 48 (a count over the rank's own rows, where the "
+                     "reference counts the whole batch): `code 11`") and line == "loop.py:11"
+    twice = ref[:1] + [("softmax", (None,), {"dim": 1}, 13)] + ref[1:]
+    f.ref_probes, f.rank_probes = _ops(*(twice + twice)), [_ops(*(ref + ref))]
+    assert difference(f) == ("rank 0 skips softmax(_, dim=1), which the reference computes: `code 13`",
+                             "loop.py:13 in the reference")  # the same place in each of two terms: one place
+    f.ref_probes = _ops(*[c for i in range(4) for c in (("exp", (None,), {}, 30 + i), ("mul", (None, i), {}, 40 + i))])
+    f.rank_probes = [_ops(*[c for i in range(4) for c in (("exp", (None,), {}, 30 + i), ("mul", (None, 9), {}, 40 + i))])]
+    assert difference(f) is None  # four places: loops written otherwise

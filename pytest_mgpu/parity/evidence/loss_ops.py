@@ -134,6 +134,16 @@ def _pair(r: Any, m: Any) -> Tuple[str, str]:
     return f"{_name(r)}({', '.join(theirs)})", f"{_name(m)}({', '.join(ours)})"
 
 
+def _count(r: Any, m: Any) -> str:
+    """Said of a division by a smaller number on the rank than in the reference: what such a divisor usually is."""
+    if _name(r) not in ("div", "true_divide", "__truediv__") or len(_args(r)) != 2 or len(_args(m)) != 2:
+        return ""
+    theirs, ours = _args(r)[1], _args(m)[1]
+    if NUMBER.match(theirs) and NUMBER.match(ours) and 0 < float(ours) < float(theirs):
+        return " (a count over the rank's own rows, where the reference counts the whole batch)"
+    return ""
+
+
 def _said(block: Tuple[str, int, int, int, int], ref: Sequence[Any], mine: Sequence[Any], world: int) -> Tuple[str, str]:
     """(words, line) for one place that differs: the calls, then the line's code; the line is rank 0's
     (the reference's where rank 0 makes no such call)."""
@@ -141,7 +151,7 @@ def _said(block: Tuple[str, int, int, int, int], ref: Sequence[Any], mine: Seque
     if tag == "replace" and i2 - i1 == j2 - j1 and all(_name(a) == _name(b) for a, b in zip(ref[i1:i2], mine[j1:j2])):
         r, m = next((a, b) for a, b in zip(ref[i1:i2], mine[j1:j2]) if not _same_but_layout(a, b, world))
         theirs, ours = _pair(r, m)
-        return f"rank 0 computes {ours}, the reference {theirs}{_code(m)}", m.line
+        return f"rank 0 computes {ours}, the reference {theirs}{_count(r, m)}{_code(m)}", m.line
     if tag == "delete":
         r = next((op for op in ref[i1:i2] if not _layout_only([op], world, False)), ref[i1])
         return f"rank 0 skips {r.shown}, which the reference computes{_code(r)}", f"{r.line} in the reference"
