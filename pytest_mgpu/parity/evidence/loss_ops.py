@@ -7,7 +7,8 @@ What a data-parallel loop does otherwise for its layout is not read as a differe
 shape tensors (gathering the ranks' parts, slicing a rank's rows, building index tensors), sizes that
 differ by the world size, a multiplication or division by the world size the ranks add. A difference a loop
 makes again at the same lines (each output of deep supervision) is one place. Where more than ``MOST``
-places differ, the two loops are written otherwise, and nothing is said."""
+places differ, or fewer than half the calls are made alike (a surrogate backward of cached gradients against
+the loss itself), the two loops are written otherwise, and nothing is said."""
 from __future__ import annotations
 
 import difflib
@@ -19,6 +20,7 @@ from .facts import UserFacts
 from .finding import Finding
 
 MOST: Final = 3  # places that differ, at most, for a first one to be named
+ALIKE: Final = 0.5  # the share of calls the two sides make alike (difflib's ratio), at least, for any to be named
 # The loss-phase signals of outputs.py that say the loss differs on the same outputs.
 ON_SAME_OUTPUTS: Final = ("loss-formula", "loss-row-weights", "loss-rows-moved", "loss-positions",
                           "loss-positions-extra", "loss-positions-other", "loss-row-mean", "loss-row-sum",
@@ -182,6 +184,8 @@ def difference(f: UserFacts) -> Optional[Tuple[str, str]]:
     if not ref or not mine:
         return None
     matcher = difflib.SequenceMatcher(None, [o.key for o in ref], [o.key for o in mine], autojunk=False)
+    if matcher.ratio() < ALIKE:
+        return None  # the two losses are not made by the same calls (a surrogate backward, another formula)
     places = list({_signature(b, ref, mine): b for b in reversed(matcher.get_opcodes())
                    if b[0] != "equal" and _meaningful(b, ref, mine, f.world_size)}.values())[::-1]
     if not places or len(places) > MOST:
