@@ -171,6 +171,16 @@ def _signature(block: Tuple[str, int, int, int, int], ref: Sequence[Any], mine: 
     return tag, tuple((o.key, o.line) for o in ref[i1:i2]), tuple((o.key, o.line) for o in mine[j1:j2])
 
 
+def _alike(matcher: difflib.SequenceMatcher, ref: Sequence[Any], mine: Sequence[Any], world: int) -> float:
+    """difflib's ratio over the calls that compute (a layout's gathering and slicing left out)."""
+    def computing(ops: Sequence[Any]) -> int:
+        return sum(not _layout_only([op], world) for op in ops)
+
+    same = sum(computing(ref[b.a:b.a + b.size]) for b in matcher.get_matching_blocks())
+    total = computing(ref) + computing(mine)
+    return 2 * same / total if total else 0.0
+
+
 def _first_ops(probes: Sequence[Any]) -> List[Any]:
     return next((list(p.ops) for p in probes if getattr(p, "ops", None)), [])
 
@@ -184,7 +194,7 @@ def difference(f: UserFacts) -> Optional[Tuple[str, str]]:
     if not ref or not mine:
         return None
     matcher = difflib.SequenceMatcher(None, [o.key for o in ref], [o.key for o in mine], autojunk=False)
-    if matcher.ratio() < ALIKE:
+    if _alike(matcher, ref, mine, f.world_size) < ALIKE:
         return None  # the two losses are not made by the same calls (a surrogate backward, another formula)
     places = list({_signature(b, ref, mine): b for b in reversed(matcher.get_opcodes())
                    if b[0] != "equal" and _meaningful(b, ref, mine, f.world_size)}.values())[::-1]
