@@ -196,3 +196,16 @@ def test_report_is_a_typed_result():
     assert report.per_step("max_abs") == [{"step": 0, "grad": 1e-9}]
     with pytest.raises(ValueError, match="metric"):
         report.per_step("median")
+
+
+def test_replicas_are_judged_against_each_other_at_a_replica_line_whatever_the_reference_needs():
+    """A line as wide as an autocast loop's (10%) passes a tensor 5% from the reference, and fails a
+    replica 5% from rank 0's (replicas hold the same bits when correct); a replica a millionth apart passes."""
+    from pytest_mgpu.parity.judge.tolerance import REPLICA_LINE
+
+    tol = Tolerance(0.1, 0.0, "given")
+    assert tol.passes(_err("grad", "w", norm_err=0.05, norm_ref=1.0))
+    assert not tol.passes(_err("grad", "rank 1: w", norm_err=0.05, norm_ref=1.0))
+    assert tol.passes(_err("grad", "rank 1: w", norm_err=REPLICA_LINE / 100, norm_ref=1.0))
+    tight = Tolerance(1e-6, 0.0, "given")  # a line tighter than the replicas' keeps its own
+    assert not tight.passes(_err("grad", "rank 1: w", norm_err=1e-5, norm_ref=1.0))
