@@ -288,7 +288,8 @@ def plateau(world_size: int, bug: str = "", steps: int = 5, reference: bool = Fa
     ``reference=True``: one device backpropagates the ranks' W blocks one by one (its loss is W x a
     rank's) and divides the summed gradients by W. Bugs on the ranks: ``metric_local`` (each rank's own
     validation loss), ``metric_train`` (each rank's own training loss), ``eval_left`` (no ``train()``
-    after validation)."""
+    after validation), ``metric_on_train_rows`` (the ranks validate on the step's training rows, all-reduced:
+    one metric on every rank, not the reference's)."""
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(DIM, HIDDEN), Shaky(), nn.Tanh(), nn.Linear(HIDDEN, OUT))
     opt = torch.optim.SGD(net.parameters(), lr=LR)
@@ -312,8 +313,9 @@ def plateau(world_size: int, bug: str = "", steps: int = 5, reference: bool = Fa
             if reference:
                 val = nn.functional.mse_loss(net(vx), vy, reduction="sum") / len(vx)
             else:
-                mine = nn.functional.mse_loss(net(vx.chunk(world_size)[_rank()]), vy.chunk(world_size)[_rank()],
-                                              reduction="sum")
+                rows = (x, y) if bug == "metric_on_train_rows" else (vx.chunk(world_size)[_rank()],
+                                                                    vy.chunk(world_size)[_rank()])
+                mine = nn.functional.mse_loss(net(rows[0]), rows[1], reduction="sum")
                 total = torch.stack([mine, torch.tensor(float(len(vx) // world_size))])
                 if bug != "metric_local":
                     tdist.all_reduce(total)

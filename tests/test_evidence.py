@@ -298,6 +298,7 @@ def test_a_clip_by_hand_or_per_tensor_is_told_from_no_clip(dist, bug, cause, whe
     ("metric_train", "the scheduler is stepped with each rank's own training loss, not a metric the ranks share ("),
     ("eval_left", "the model runs in another mode (train/eval) on one side (at step 1 the training forward of the ranks "
                   "ran with modules in eval mode"),
+    ("metric_on_train_rows", "the plateau scheduler cut the lr at another step (at step "),
 ])
 def test_a_validation_pass_and_a_plateau_scheduler_are_read_from_the_run(dist, bug, cause):
     """ReduceLROnPlateau stepped with a validation loss the ranks all-reduce: the metric each rank gave it is

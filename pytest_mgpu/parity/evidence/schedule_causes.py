@@ -16,6 +16,10 @@ SCHEDULE: Final[Tuple[Cause, ...]] = (
     Cause("lr-metric-loss", "the scheduler is stepped with each rank's own training loss, not a metric the ranks "
           "share", "step it with the metric the reference uses (a validation loss, all-reduced "
           "over the ranks)"),
+    Cause("lr-plateau", "the plateau scheduler cut the lr at another step", "step it with the reference's metric (a validation loss over the same rows: in eval mode, "
+          "gathered over the ranks without a sampler's padding, once per validation) and build it with the "
+          "reference's mode, factor, patience and threshold", "Its metric differs (another pass, mode or set of rows) "
+          "or its settings do."),
     Cause("lr-factor", "the ranks' learning rate is 1/world size of the reference's (scaled with the per-rank batch, "
           "not the global one)", "scale the lr with the global batch (the per-rank batch x the data-parallel ranks) "
           "on the ranks, as the reference's batch is", "The lr is scaled by the local batch on the ranks.", inverse),
