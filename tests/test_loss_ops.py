@@ -141,6 +141,12 @@ def test_what_a_layout_does_otherwise_is_no_difference_and_the_first_that_is_one
     words, line = difference(f)
     assert words == ("rank 0 computes x / 16, the reference x / 48 (a count over the rank's own rows, where the "
                      "reference counts the whole batch): `code 11`") and line == "loop.py:11"
+    f.rank_probes = [_ops(*(ref + [("sum", (None, [0, 3]), {}, 14)]))]
+    f.ref_probes = _ops(*(ref + [("sum", (None, [0, 2]), {}, 14)]))
+    assert difference(f)[0] == "rank 0 computes sum([0, 3]), the reference sum([0, 2]): `code 14`"  # a list whole
+    f.rank_probes = [_ops(*(ref[:1] + [("div", (None, 0.07), {}, 11)] + ref[2:]))]
+    f.ref_probes = _ops(*(ref[:1] + [("div", (None, 0.1), {}, 11)] + ref[2:]))
+    assert difference(f)[0] == "rank 0 computes x / 0.07, the reference x / 0.1: `code 11`"  # a temperature: no count
     twice = ref[:1] + [("softmax", (None,), {"dim": 1}, 13)] + ref[1:]
     f.ref_probes, f.rank_probes = _ops(*(twice + twice)), [_ops(*(ref + ref))]
     assert difference(f) == ("rank 0 skips softmax(_, dim=1), which the reference computes: `code 13`",

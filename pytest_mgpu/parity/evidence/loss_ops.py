@@ -38,12 +38,11 @@ NUMBER = re.compile(r"-?\d+(\.\d+)?(e[-+]?\d+)?$")
 
 
 def _name(op: Any) -> str:
-    return op.key.split("(", 1)[0]
+    return op.name
 
 
 def _args(op: Any) -> List[str]:
-    inner = op.key[op.key.index("(") + 1:-1] if "(" in op.key else ""
-    return [a.strip() for a in inner.split(", ")] if inner else []
+    return list(op.args)
 
 
 def _rows_index(op: Any) -> bool:
@@ -137,11 +136,13 @@ def _pair(r: Any, m: Any) -> Tuple[str, str]:
 
 
 def _count(r: Any, m: Any) -> str:
-    """Said of a division by a smaller number on the rank than in the reference: what such a divisor usually is."""
+    """Said of a division by a smaller whole number on the rank than in the reference: what such a divisor
+    usually is (a temperature is no whole number's division)."""
     if _name(r) not in ("div", "true_divide", "__truediv__") or len(_args(r)) != 2 or len(_args(m)) != 2:
         return ""
     theirs, ours = _args(r)[1], _args(m)[1]
-    if NUMBER.match(theirs) and NUMBER.match(ours) and 0 < float(ours) < float(theirs):
+    if NUMBER.match(theirs) and NUMBER.match(ours) and 0 < float(ours) < float(theirs) and \
+            float(ours).is_integer() and float(theirs).is_integer():
         return " (a count over the rank's own rows, where the reference counts the whole batch)"
     return ""
 

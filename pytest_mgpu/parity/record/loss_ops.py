@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import linecache
 import math
-from typing import Any, Callable, List, NamedTuple, Optional
+from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 
 from .where import loop_frame, shown
 
@@ -28,13 +28,19 @@ SKIPPED = frozenset({"size", "dim", "numel", "__len__", "__bool__", "item", "tol
 
 
 class Op(NamedTuple):
-    """One call: ``key`` compares (name and non-tensor arguments), ``shown`` says it, ``line`` is
-    ``file:line`` in the loop, ``source`` that line's code."""
+    """One call: its ``name`` and ``args`` (each said as a key holds it: tensors ``_``, named ones ``k=v``),
+    ``shown`` (how a message says it), ``line`` (``file:line`` in the loop) and ``source`` (that line's code)."""
 
-    key: str
+    name: str
+    args: Tuple[str, ...]
     shown: str
     line: str
     source: str
+
+    @property
+    def key(self) -> str:
+        """What two sides' calls are lined up by: the name and the arguments."""
+        return f"{self.name}({', '.join(self.args)})"
 
 
 def _value(v: Any) -> str:
@@ -71,14 +77,14 @@ def op_of(name: str, args: tuple, kwargs: dict, line: str, source: str) -> Op:
     ``name(_, dim=1)`` otherwise."""
     pos = [_value(a) for a in args]
     named = [f"{k}={_value(v)}" for k, v in kwargs.items() if k not in NOISY_KWARGS and v is not None]
-    key = f"{name}({', '.join(pos + named)})"
+    op = Op(name, tuple(pos + named), "", line, source)
     if name in SYMBOLS and len(pos) == 2 and not named:
         said = f"x {SYMBOLS[name]} {pos[1] if pos[0] == '_' else pos[0]}"
     elif name == "__getitem__" and len(pos) == 2:
         said = f"x[{pos[1][1:-1] if pos[1].startswith('(') else pos[1]}]"
     else:
-        said = key
-    return Op(key, said, line, source)
+        said = op.key
+    return op._replace(shown=said)
 
 
 class Recorder:

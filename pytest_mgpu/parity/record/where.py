@@ -70,15 +70,8 @@ def shown(filename: str) -> str:
 def user_line(skip: int = 1) -> str:
     """``"file:line"`` of the innermost frame outside the libraries, starting ``skip`` frames above
     the caller's; "" where the stack holds none within ``DEPTH`` frames."""
-    frame: Optional[FrameType] = sys._getframe(skip + 1)
-    for _ in range(DEPTH):
-        if frame is None:
-            return ""
-        name = frame.f_code.co_filename
-        if not library(name):
-            return f"{shown(name)}:{frame.f_lineno}"
-        frame = frame.f_back
-    return ""
+    found = _user_frame(sys._getframe(skip + 1), DEPTH, ours_stop=False)
+    return f"{shown(found[0])}:{found[1]}" if found else ""
 
 
 def caller_line(depth: int = 24) -> str:
@@ -99,13 +92,18 @@ def loop_frame(skip: int = 1, depth: int = DEPTH) -> Optional[Tuple[str, int]]:
     """(file, line) of the innermost frame of the user's code, ``skip`` frames above the caller's, through
     torch's and installed libraries' frames; None where a frame of this plugin comes first (its own hooks'
     calls) or none is found."""
+    return _user_frame(sys._getframe(skip + 1), depth, ours_stop=True)
+
+
+def _user_frame(frame: Optional[FrameType], depth: int, ours_stop: bool) -> Optional[Tuple[str, int]]:
+    """(file, line) of the first frame from ``frame`` outwards that is the user's code (no library's); with
+    ``ours_stop``, None where a frame of this plugin comes first."""
     plugin = _ours()[1]
-    frame: Optional[FrameType] = sys._getframe(skip + 1)
     for _ in range(depth):
         if frame is None:
             return None
         name = frame.f_code.co_filename
-        if os.path.abspath(name).startswith(plugin):
+        if ours_stop and os.path.abspath(name).startswith(plugin):
             return None
         if not library(name):
             return name, frame.f_lineno
