@@ -155,16 +155,19 @@ def _zeroed(f: UserFacts) -> Optional[Finding]:
     """Gradients zeroed between the backward passes of one step on the ranks only (observed before
     each pass): each micro-batch's gradient replaced the previous one's instead of adding to it."""
     for step, (mine, theirs) in enumerate(zip(f.rank_zeroed, f.ref_zeroed)):
-        if theirs and not mine and _same_passes(f, step):
+        extra, missing = [p for p in mine if p not in theirs], [p for p in theirs if p not in mine]
+        also = f" (the reference's too before pass {', '.join(map(str, theirs))}: a step it did not count)" \
+            if theirs else ""  # a GradScaler's skipped update: its passes belong to the next step
+        if missing and not extra and _same_passes(f, step):
             return Finding(step, "gradients", "a value", "grads-kept-between",
                            f"at step {step} reference_fn's gradients were zero again before backward pass "
-                           f"{', '.join(map(str, theirs))} of {f.ref_step_backwards[step]}, fn's on the ranks never: "
-                           "each pass's gradients added to the previous pass's")
-        if not mine or theirs:
+                           f"{', '.join(map(str, missing))} of {f.ref_step_backwards[step]}, fn's on the ranks "
+                           f"{'never' if not mine else 'not there'}: each pass's gradients added to the previous pass's")
+        if not extra or missing:
             continue  # a reference that zeroes between its passes keeps its gradient elsewhere (not compared)
         return Finding(step, "gradients", "a value", "grads-zeroed-micro",
                        f"at step {step} every gradient of fn on the ranks was zero again before backward pass "
-                       f"{', '.join(map(str, mine))}: each micro-batch's gradients replaced the previous ones'")
+                       f"{', '.join(map(str, extra))}{also}: each micro-batch's gradients replaced the previous ones'")
     return None
 
 

@@ -40,9 +40,10 @@ class Pair:
 
 
 def _rows(probes: List[Any]) -> List[Tuple[float, Tuple[float, float], Any, int]]:
-    """(input fingerprint, output (fingerprint, norm), gradient row, call) of every probed row with a gradient."""
+    """(input fingerprint, output (fingerprint, norm), gradient row, call) of every probed row with a finite
+    gradient (a GradScaler's overflowed update leaves inf or NaN there: no evidence)."""
     return [(r, o, p.grad[i], c) for c, p in enumerate(probes) if p.grad is not None
-            for i, (r, o) in enumerate(zip(p.rows, p.out))]
+            for i, (r, o) in enumerate(zip(p.rows, p.out)) if bool(p.grad[i].isfinite().all())]
 
 
 def _same_output(a: Tuple[float, float], b: Tuple[float, float], width: int) -> bool:

@@ -13,7 +13,7 @@ import contextlib
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Literal, Optional, Tuple
+from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple
 
 from ..judge.distance import gap
 from ..precision import ieee_float32
@@ -88,18 +88,19 @@ def run_side(job: LoopJob, fn, rank: int, tag: str = "", mode=None,
              on_first: Optional[Callable[[SideLog], None]] = None,
              recorder: Optional[Callable[[Watch], StepRecorder]] = None,
              watched: bool = True, structure: Optional[LoopStructure] = None,
-             light: bool = False) -> Tuple[SideLog, List[str]]:
+             light: bool = False, follow: Sequence[bool] = ()) -> Tuple[SideLog, List[str]]:
     """The user's loop once, recorded (under the dispatch ``mode`` of a companion, if any;
     ``record="optimizer"`` by ``recorder(watch)`` where given; ``watched=False``: no model, input or
     loss hooks, for a recorder that only counts steps; ``light=True``: a companion's run, each step's
-    loss, gradients, parameters and learning rates only; its collectives per step into ``structure``)."""
+    loss, gradients, parameters and learning rates only; its collectives per step into ``structure``;
+    ``follow``: per GradScaler.step call, whether the reference skipped it, for a companion to skip too)."""
     lead = (rank,) if job.spawn and not job.reference else ()
 
     def counting(side: SideLog):
         return structure.counting(side) if structure is not None else contextlib.nullcontext()
 
     def loop() -> SideLog:
-        watch, norms = Watch(light), BatchNormRows()
+        watch, norms = Watch(light, follow), BatchNormRows()
         with (watch.installed() if watched else contextlib.nullcontext()), \
                 (norms.installed() if watched and not light else contextlib.nullcontext()), \
                 (mode if mode is not None else contextlib.nullcontext()):
@@ -118,6 +119,7 @@ def run_side(job: LoopJob, fn, rank: int, tag: str = "", mode=None,
                 side = log.side
         side.set_epoch_calls = watch.set_epoch_calls
         side.scaler_skips, side.scalers_made, side.scaled_clips = watch.scaler_skips, watch.scalers_made, watch.scaled_clips
+        side.scaler_found = list(watch.scaler_found)
         side.recomputed = watch.recomputed
         side.batchnorm_rows = norms.most
         side.recurrent = recurrent(watch.model_roots())
@@ -150,7 +152,7 @@ def add_companions(result: SideResult, job: LoopJob, fn, seed: int) -> None:
     trainer in bf16 autocast, W=4, 100 AdamW steps: with the float64 run alone a correct run came
     to 0.37 of the line (Adam's first step flips the sign of near-zero bias gradients, which bf16
     rounding moves and float64 does not); with the twin, 0.06."""
-    shadow, why = run_shadow(job, fn, seed, light=True)
+    shadow, why = run_shadow(job, fn, seed, light=True, follow=result.side.scaler_found)
     if shadow is not None:
         why = same_start(result.side, shadow)
     if shadow is not None and not why:
@@ -162,7 +164,7 @@ def add_companions(result: SideResult, job: LoopJob, fn, seed: int) -> None:
     if result.shadow and not low and os.environ.get(COMPANIONS_ENV) != "both":
         return
     try:
-        twin = run_twin(job, fn, seed)
+        twin = run_twin(job, fn, seed, result.side.scaler_found)
     except Exception as exc:  # noqa: BLE001 - no twin, say why
         result.floor_notes.append(f"no same-precision twin either ({type(exc).__name__}: {exc})")
         return
@@ -177,7 +179,7 @@ def add_companions(result: SideResult, job: LoopJob, fn, seed: int) -> None:
             "reference that sums every matrix product as two halves" + (", beside the float64 run" if result.shadow else ""))
 
 
-def run_twin(job: LoopJob, fn, seed: int) -> SideLog:
+def run_twin(job: LoopJob, fn, seed: int, follow: Sequence[bool] = ()) -> SideLog:
     """The same-precision twin from the test's seed: as ``split_products`` (only the matrix products'
     kernels replaced), or, where the loop convolves, as the ``split_sums`` dispatch mode, run again."""
     from ...launch.rank import seed_everything
@@ -185,25 +187,26 @@ def run_twin(job: LoopJob, fn, seed: int) -> SideLog:
     convolved: List[str] = []
     seed_everything(seed)
     try:
-        twin, _ = run_side(job, fn, 0, "twin/", split_products(convolved), light=True)
+        twin, _ = run_side(job, fn, 0, "twin/", split_products(convolved), light=True, follow=follow)
     except Exception:
         if not convolved:
             raise
     if convolved:  # raised in the loop's first convolution, whatever the loop did with it
         seed_everything(seed)
-        twin, _ = run_side(job, fn, 0, "twin/", split_sums(), light=True)
+        twin, _ = run_side(job, fn, 0, "twin/", split_sums(), light=True, follow=follow)
     return twin
 
 
-def run_shadow(job: LoopJob, fn, seed: int, rank: int = 0, light: bool = False) -> Tuple[Optional[SideLog], str]:
+def run_shadow(job: LoopJob, fn, seed: int, rank: int = 0, light: bool = False,
+               follow: Sequence[bool] = ()) -> Tuple[Optional[SideLog], str]:
     """The reference loop (or, in a rank, the user's loop) again with float64 as the default dtype,
     from the same seed and the same random draws (``float64_kernels``); (None, why) where it cannot
     run or keeps another dtype, ``why`` naming the lines that asked for another dtype (found by
     ``find_pins``, only then)."""
-    side, why = _float64_run(job, fn, seed, rank, "shadow/", float64_kernels(), light)
+    side, why = _float64_run(job, fn, seed, rank, "shadow/", float64_kernels(), light, follow)
     if why:
         pins: List[str] = []
-        _float64_run(job, fn, seed, rank, "pins/", float64_dispatch(pins, stop=True), light)
+        _float64_run(job, fn, seed, rank, "pins/", float64_dispatch(pins, stop=True), light, follow)
         return None, why + (f"; that dtype was asked for at {'; '.join(pins)}" if pins else "")
     if side is None or not side.steps:
         return None, "the float64 run took no step"
@@ -211,7 +214,7 @@ def run_shadow(job: LoopJob, fn, seed: int, rank: int = 0, light: bool = False) 
 
 
 def _float64_run(job: LoopJob, fn, seed: int, rank: int, tag: str, companion,
-                 light: bool = False) -> Tuple[Optional[SideLog], str]:
+                 light: bool = False, follow: Sequence[bool] = ()) -> Tuple[Optional[SideLog], str]:
     """One float64 run under ``companion`` (the kernels, or the pin-finding mode); why it failed."""
     import torch
 
@@ -228,7 +231,7 @@ def _float64_run(job: LoopJob, fn, seed: int, rank: int, tag: str, companion,
     seed_everything(seed)
     torch.set_default_dtype(torch.float64)
     try:
-        side, _ = run_side(job, fn, rank, tag, companion, check, light=light)
+        side, _ = run_side(job, fn, rank, tag, companion, check, light=light, follow=follow)
     except NoShadow as exc:
         return None, str(exc)
     except PinsFound:

@@ -147,6 +147,7 @@ class SideLog:
     sampler_passes: int = 0  # passes over a DistributedSampler seen (0: none used)
     uncounted: int = 0  # optimizer steps that changed nothing (lr 0, no gradient): not steps
     scaler_skips: int = 0  # GradScaler.step calls that skipped the optimizer step (inf/NaN in the gradients)
+    scaler_found: List[bool] = field(default_factory=list)  # per GradScaler.step call: it skipped
     scalers_made: int = 0  # enabled GradScalers the loop constructed (more than one: each starts over)
     scaled_clips: int = 0  # clip_grad_norm_ calls after scaler.scale(loss) and before scaler.unscale_
     tp_peers: List[int] = field(default_factory=list)  # ranks that share this one's batch (TP/SP dims)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ...timing.structure.counter import quiet
 from ..gather import full_tensor
@@ -34,10 +34,10 @@ from .fsdp1_flat import is_flat
 from .calls import fsdp1_clip, scheduler_steps
 from .inputs import Inputs
 from .loss_ops import Recorder
-from .prints import chunk_prints, fingerprint
+from .prints import as_the_model_sees, chunk_prints, fingerprint
 from .probe import Probe, attach, loss_backward
 from .trail import Trail, holder_of
-from .scaler import scaler_calls
+from .scaler import scaler_calls, scaler_steps
 from .sync import UNSYNCED_LAST, ddp_sync_off, fsdp2_sync
 from .where import EVAL_FORWARD, TRAIN_NO_GRAD, add, call_kwargs, user_line
 
@@ -71,8 +71,10 @@ class Watch:
     recorders at each step (``take_inputs``, ``loss``) and once after (``roots``, ``set_epoch_calls``).
     ``light``: the models and the losses alone (a companion's run; no rows, lines, norms or patches)."""
 
-    def __init__(self, light: bool = False):
+    def __init__(self, light: bool = False, follow: Sequence[bool] = ()):
         self.light = light
+        self.follow = tuple(follow)  # per GradScaler.step call: the reference skipped it (a companion skips it too)
+        self.scaler_found: List[bool] = []  # per GradScaler.step call: it skipped the optimizer step
         self.roots: Dict[int, Any] = {}  # id -> outermost module with parameters, first-call order
         self.stateful: Dict[int, Any] = {}  # id -> module called at the top with buffers and no parameters
         self.on_new_root: Optional[Callable[[Any], None]] = None  # called with a model before its first forward
@@ -157,7 +159,7 @@ class Watch:
         if not all(m.training for m in self.census.modules(module)):
             add(self._inputs.where, EVAL_FORWARD, line)  # eval() left on after a validation pass
         plain = x is not None and not hasattr(x, "full_tensor")
-        rows = fingerprint(x) if plain else []
+        rows = fingerprint(as_the_model_sees(module, x)) if plain else []
         if module.training:
             self._pending = rows if self._probing and rows else None
             self._trail = Trail(module, len(rows), holder_of(module), given) if self._pending else None
@@ -287,7 +289,7 @@ class Watch:
                         (torch.nn.utils.clip_grad, "clip_grad_norm_", observed_clip)]
             if clip_with_norm is not None:  # the public two-part API (get_total_norm, then this)
                 patches.append((torch.nn.utils, "clip_grads_with_norm_", observed_clip_with_norm))
-            patches += fsdp1_clip(watch) + scheduler_steps(watch) + scaler_calls(watch) + fsdp2_sync(watch.saw_sync)
+        patches += self._calls()
         saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
         for owner, name, patched in patches:
             setattr(owner, name, patched)
@@ -299,6 +301,15 @@ class Watch:
             for h in self._handles + list((self._ends or {}).values()):
                 h.remove()
             self._ends, self._handles = {}, []
+
+    def _calls(self) -> List[Tuple[Any, str, Any]]:
+        """The patches of calls into torch beside the hooks: FSDP1's clip, the schedulers, the GradScaler
+        and FSDP2's sync flag; a companion's run (light) only the GradScaler's step, where it follows the
+        reference's skips."""
+        if self.light:
+            return scaler_steps(self) if any(self.follow) else []
+        return fsdp1_clip(self) + scheduler_steps(self) + scaler_calls(self) + scaler_steps(self) + \
+            fsdp2_sync(self.saw_sync)
 
     def put_back(self, seen: Inputs) -> None:
         """A step that was not counted: what it saw belongs to the next one."""
