@@ -422,3 +422,22 @@ def test_a_schedule_that_runs_k_times_as_fast_says_so_in_its_cause(dist):
     line = str(info.value).splitlines()[1]
     assert line.startswith("likely cause: the ranks' lr schedule runs faster (stepped more than once per update"), line
     assert "the ranks' lr at step s is the reference's at step 2s" in line, line
+
+
+def test_running_statistics_apart_after_the_first_forward_name_the_batch_norm():
+    """Ranks whose state no optimizer steps was alike before the first forward and apart after it: where
+    every such tensor is a BatchNorm's running statistic, the batch norm is not synchronised (a Fabric
+    float16 loop's input BatchNorm, whose trail told nothing); anything else is a queue or memory bank."""
+    from pytest_mgpu.parity.evidence.causes import said
+    from pytest_mgpu.parity.evidence.facts import UserFacts
+    from pytest_mgpu.parity.evidence.finding import Finding
+
+    f = UserFacts(strategy="your training loop", world_size=2)
+    stats = ("bn.running_mean", "bn.running_var")
+    x = Finding(0, "state", "one rank alone", "untrained-forward", "before step 0 it differs between ranks",
+                names=stats)
+    assert said(x, f).startswith("BatchNorm's running statistics are updated from each rank's own rows: the batch "
+                                 "norm is not synchronised across ranks (before step 0"), said(x, f)
+    assert "convert_sync_batchnorm" in said(x, f)
+    queue = Finding(0, "state", "one rank alone", "untrained-forward", "...", names=stats + ("queue",))
+    assert said(queue, f).startswith("state no optimizer steps is updated in the forward from each rank's own rows")

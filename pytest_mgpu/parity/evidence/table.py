@@ -37,6 +37,7 @@ SAME_LR = ("give both sides the same learning rate; DDP and FSDP average the gra
 LOSS_CALLS = ("compute the loss as the reference does at that line (the same operations, arguments and order), or make "
               "the reference do the same where the difference is meant")
 CLIP = "gradient clipping differs"
+RUNNING = ("running_mean", "running_var", "num_batches_tracked")  # a BatchNorm's buffers
 INSIDE = ("the model's backward differs (same outputs and loss gradient): a hand-written backward missing its "
           "all_reduce (e.g. SyncBatchNorm), a tensor sent without autograd, or a detached branch")
 ACCUMULATED = ("the micro-batches' gradients are combined otherwise (same outputs and loss gradient in each): a "
@@ -87,6 +88,11 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "not undone, as SAM's ascent before its restore)", "restore the "
           "weights the gradients were taken at before optimizer.step() (SAM: p.data = old_p, then the base "
           "optimizer's step), or change them as the reference does"),
+    Cause("untrained-forward", "BatchNorm's running statistics are updated from each rank's own rows: the batch "
+          "norm is not synchronised across ranks", "convert it with torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) "
+          "before wrapping, or give the reference each rank's rows in its own forward, as the ranks normalise",
+          "Every state that differs is a running mean or variance; the ranks held them alike before the first forward.",
+          lambda x, f: bool(x.names) and all(n.endswith(RUNNING) for n in x.names)),
     Cause("untrained-forward", "state no optimizer steps is updated in the forward from each rank's own rows (a "
           "queue or memory bank not gathered from every rank)", "gather what "
           "updates it from every rank first (all_gather, MoCo's concat_all_gather) and update it alike on every "
