@@ -22,6 +22,7 @@ loops, bugs caught, and whether the first "likely cause" names the bug.
     python benchmarks/parity/parity_diagnosis.py --set set17                # CLIP gather, T5, SWA, ZeroRedundancyOptimizer, focal num_pos, DINO centering
     python benchmarks/parity/parity_diagnosis.py --set set18                # Fabric bf16 distillation, pseudo-labels in eval, Mixtral aux loss, Partial FC, nnU-Net dice, YOLOv5 warm-up
     python benchmarks/parity/parity_diagnosis.py --set set19                # Megatron sequence parallel, GradCache retrieval, SAC, StyleGAN2 lazy R1, accelerate plateau validation, Fabric fp16 scaler
+    python benchmarks/parity/parity_diagnosis.py --set set20                # timm cosine + accumulation, expert-choice EP MoE, Llama TP by hand, R-Drop fp16, memory-bank NCE, GPT-2 poly schedule
 
 Method. ``benchmarks/heldout/set1/`` holds nine trainer families written after public code (each
 module's docstring names it): per family a correct distributed loop ``train``, its correct
@@ -64,7 +65,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.parity.diagnosis_report import report  # noqa: E402
 
 SETS = ("set1", "set2", "set3", "set4", "set5", "set6", "set7", "set8", "set9", "set10", "set11", "set12", "set13", "set14", "set15",
-        "set16", "set17", "set18", "set19")  # under benchmarks/heldout/
+        "set16", "set17", "set18", "set19", "set20")  # under benchmarks/heldout/
 OLD_NAMES = {"heldout": "set1", "heldout2": "set2", "heldout3": "set3", "heldout4": "set4", "heldout5": "set5"}  # what --set once took
 PLUGIN = ROOT  # the checkout whose pytest_mgpu is judged; --plugin picks another
 PACKAGE = "heldout.set1"  # the family set judged; --set picks another before anything reads it
@@ -217,7 +218,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also keep the rows in this JSONL file")
     parser.add_argument("--analyze", type=Path, help="print the report of a saved JSONL file; run nothing")
     parser.add_argument("--set", choices=SETS + tuple(OLD_NAMES), default="set1", dest="package",
-                        help="the family set under benchmarks/heldout/: set1 (default), set2, ..., set18 or set19")
+                        help="the family set under benchmarks/heldout/: set1 (default), set2, ..., set19 or set20")
     parser.add_argument("--plugin", type=Path, default=ROOT,
                         help="the checkout whose pytest_mgpu is judged (default: this one)")
     args = parser.parse_args()
