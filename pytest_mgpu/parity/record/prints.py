@@ -40,20 +40,3 @@ def weights(n: int):
     import torch
 
     return torch.cos(torch.arange(n, dtype=torch.float64) * 0.7071 + 0.3) + 1.5
-
-
-def as_the_model_sees(module, x):
-    """``x`` as a wrapper that converts its inputs hands it to the model: Lightning Fabric's module casts
-    them to its precision's dtype first ("16-mixed": float16), so a reference fed ``x.half()`` fed the
-    same rows. Anything else as it is."""
-    strategy = vars(module).get("_strategy")  # Fabric's _FabricModule (not a lookup through to the model)
-    convert = getattr(getattr(strategy, "precision", None), "convert_input", None)
-    if not callable(convert):
-        return x
-    from ...timing.structure.counter import quiet
-
-    with quiet():
-        try:
-            return convert(x)
-        except Exception:  # noqa: BLE001 - a conversion that fails here leaves the rows as given
-            return x

@@ -34,12 +34,12 @@ from .fsdp1_flat import is_flat
 from .calls import fsdp1_clip, scheduler_steps
 from .inputs import Inputs
 from .loss_ops import Recorder
-from .prints import as_the_model_sees, chunk_prints, fingerprint
+from .prints import chunk_prints, fingerprint
 from .probe import Probe, attach, loss_backward
 from .trail import Trail, holder_of
 from .scaler import scaler_calls, scaler_steps
 from .sync import UNSYNCED_LAST, ddp_sync_off, fsdp2_sync
-from .where import EVAL_FORWARD, TRAIN_NO_GRAD, add, call_kwargs, user_line
+from .where import EVAL_FORWARD, PLATEAU, TRAIN_NO_GRAD, add, call_kwargs, user_line
 
 
 def total_norm(grads: List[Any]) -> float:
@@ -159,7 +159,7 @@ class Watch:
         if not all(m.training for m in self.census.modules(module)):
             add(self._inputs.where, EVAL_FORWARD, line)  # eval() left on after a validation pass
         plain = x is not None and not hasattr(x, "full_tensor")
-        rows = fingerprint(as_the_model_sees(module, x)) if plain else []
+        rows = fingerprint(x) if plain else []
         if module.training:
             self._pending = rows if self._probing and rows else None
             self._trail = Trail(module, len(rows), holder_of(module), given) if self._pending else None
@@ -360,8 +360,9 @@ class Watch:
     def saw_sync(self, requires: bool) -> None:
         self.fsdp_sync = requires
 
-    def saw_schedule(self, metric: Any = None) -> None:
+    def saw_schedule(self, metric: Any = None, settings: str = "") -> None:
         add(self._inputs.where, "scheduler.step", user_line())
+        add(self._inputs.where, PLATEAU, settings)
         if metric is not None:
             with quiet():  # a tensor metric read here: ours, not the loop's
                 try:
