@@ -289,11 +289,13 @@ def plateau(world_size: int, bug: str = "", steps: int = 5, reference: bool = Fa
     rank's) and divides the summed gradients by W. Bugs on the ranks: ``metric_local`` (each rank's own
     validation loss), ``metric_train`` (each rank's own training loss), ``eval_left`` (no ``train()``
     after validation), ``metric_on_train_rows`` (the ranks validate on the step's training rows, all-reduced:
-    one metric on every rank, not the reference's)."""
+    one metric on every rank, not the reference's), ``mode_max`` (mode='max' on a loss), ``stepped_twice``
+    (scheduler.step(val) twice per validation), ``val_in_train`` (no ``eval()`` before validation)."""
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(DIM, HIDDEN), Shaky(), nn.Tanh(), nn.Linear(HIDDEN, OUT))
     opt = torch.optim.SGD(net.parameters(), lr=LR)
-    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=0, threshold=0.0)
+    mode = "max" if bug == "mode_max" and not reference else "min"
+    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode=mode, factor=0.5, patience=0, threshold=0.0)
     vx, vy = batch(99)
     blocks = world_size if reference else 1
     for step in range(steps):
@@ -308,7 +310,8 @@ def plateau(world_size: int, bug: str = "", steps: int = 5, reference: bool = Fa
         else:
             _average(net, world_size)
         opt.step()
-        net.eval()
+        if bug != "val_in_train" or reference:
+            net.eval()
         with torch.no_grad():
             if reference:
                 val = nn.functional.mse_loss(net(vx), vy, reduction="sum") / len(vx)
@@ -323,6 +326,8 @@ def plateau(world_size: int, bug: str = "", steps: int = 5, reference: bool = Fa
         if bug != "eval_left" or reference:
             net.train()
         sched.step(loss.detach() if bug == "metric_train" and not reference else val)
+        if bug == "stepped_twice" and not reference:
+            sched.step(val)  # a second call with the same metric (a wrapper that steps it per process)
 
 
 class Balanced(nn.Module):

@@ -141,8 +141,9 @@ def failure_message(report: Report) -> str:
 def lead(report: Report, cause: str, room: int = 400) -> str:
     """The first cause as its line, within ``room`` characters: ``<what> (<evidence>) at <file:line>
     (<call>). Fix: <the fix's first sentence>``. Too long, the fix is cut first, then said to be below,
-    then the location is said shorter (``at f.py:85-87``); the evidence is never cut for the location
-    (where neither form fits, the line is said without it, cut at its end)."""
+    then the location is said shorter (``at f.py:85-87``), then without the fix (the list below has it);
+    the evidence is never cut for the location (where none fits, the line is said without it, cut at its
+    end)."""
     if not isinstance(report.facts, UserFacts):
         return cited(cause)
     if ". Fix: " not in cause:
@@ -160,6 +161,8 @@ def lead(report: Report, cause: str, room: int = 400) -> str:
             return f"{body}{where}. Fix: {fix[:space - 3].rstrip()}..."
         if space >= len(FIX_BELOW):  # no room for the fix's words: they are in the list below
             return f"{body}{where}. Fix: {FIX_BELOW}"
+    if at and len(f"{body}{compact(at.group(0))}.") <= room:  # the place before the fix: the fix is in the list
+        return f"{body}{compact(at.group(0))}."
     line = f"{body}. Fix: {fix}"  # no room for the location without cutting the evidence: as before it
     return line if len(line) <= room else line[:room - 3] + "..."
 

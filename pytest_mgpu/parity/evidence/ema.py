@@ -19,6 +19,7 @@ from .finding import Finding
 
 SPREAD = 2e-3  # absolute: the momenta the tensors of one step give agree to this (rounding of near tensors)
 SAME = 1e-3  # absolute: two sides' momenta agree
+SWAPPED = "1 - the reference's"  # the words of a momentum whose two weights are swapped (table.py reads them)
 Momenta = List[Optional[float]]  # per step: the momentum of the update since the previous record (None: unread)
 
 
@@ -122,7 +123,10 @@ def _said(f: UserFacts, s: int, per_rank: List[Optional[float]], off: List[int])
     fixed, theirs = [m for m in mine[s:] if m is not None], [m for m in ref[s:] if m is not None]
     if len(fixed) >= 2 and max(fixed) - min(fixed) <= SAME and len(theirs) >= 2 and max(theirs) - min(theirs) > SAME:
         return Finding(s, "state", "a value", "ema-warm-up", head + ": the ranks' is fixed, the reference's changes")
-    return Finding(s, "state", "one rank alone" if alike else "a value", "ema-momentum", head,
+    m, other = mine[s], ref[s]
+    swapped = m is not None and other is not None and abs(m + other - 1) <= SAME and abs(m - other) > 0.05
+    return Finding(s, "state", "one rank alone" if alike else "a value", "ema-momentum",
+                   head + (f": the ranks' {m:.4g} is {SWAPPED} {other:.4g}" if swapped else ""),
                    names=(str(r),) if alike else ())
 
 

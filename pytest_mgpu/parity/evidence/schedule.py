@@ -8,6 +8,7 @@ from typing import List, Optional, Tuple
 
 from .facts import UserFacts
 from .finding import Finding
+from .plateau import plateau_words
 
 SAME_LR = 1e-9  # relative: one schedule computes the same float on both sides
 SAME_METRIC = 1e-6  # relative: one metric, computed alike (float32 rounding apart)
@@ -89,23 +90,6 @@ def _groups(f: UserFacts, step: int, mine: List[float], ref: List[float]) -> Opt
     return Finding(step, "state", "a value", "lr-groups", what, "", value=len(mine))
 
 
-def _plateau(f: UserFacts, first: int) -> str:
-    """Where the lr agreed before ``first`` and a scheduler was given a metric (ReduceLROnPlateau): the metrics
-    each side gave it before, as words ("" where no metric was given)."""
-    mine = [m for per_rank in f.rank_metrics[1:first + 1] for m in (per_rank[0] if per_rank else [])]
-    ref = [m for ms in f.ref_metrics[1:first + 1] for m in ms]
-    if first == 0 or not (mine or ref):
-        return ""
-    if len(mine) == len(ref) and not any(differs(a, b, SAME_METRIC) for a, b in zip(mine, ref)):
-        return f"; scheduler.step(metric) got the same metrics on both sides before it ({_shown(mine)})"
-    calls = f" ({len(mine)} calls on rank 0, {len(ref)} in the reference)" if len(mine) != len(ref) else ""
-    return f"; its metrics before: {_shown(mine) or 'none'} on rank 0, {_shown(ref) or 'none'} in the reference{calls}"
-
-
-def _shown(values: List[float]) -> str:
-    return ", ".join(f"{v:.3g}" for v in values[-2:])
-
-
 def _schedule(f: UserFacts, first: int) -> Finding:
     steps = min(len(f.rank_lrs), len(f.ref_lrs))
     mine = [_lr_of(f.rank_lrs[s][0]) if f.rank_lrs[s] else None for s in range(steps)]
@@ -121,7 +105,7 @@ def _schedule(f: UserFacts, first: int) -> Finding:
         k = ratios.pop()  # an exponential schedule one step ahead is a constant ratio too: a scaling unless ahead
         return Finding(first, "state", "a uniform factor", "lr-factor", what + f", {k:.4g}x at every step",
                        per_step, value=k)
-    plateau = _plateau(f, first)
+    plateau = plateau_words(f, first)
     if plateau:
         return Finding(first, "state", "a value", "lr-plateau", what + plateau, per_step)
     apart = {k for k in ratios if abs(k - 1) > 1e-6}

@@ -6,7 +6,16 @@ from __future__ import annotations
 from typing import Final, Tuple
 
 from .conditions import inverse, world
+from .facts import UserFacts
+from .finding import Finding
+from .plateau import IN_TRAINING, OFTENER, OTHERWISE, REPEATED, SETTINGS
 from .table import SAME_LR, SAME_OPT, Cause
+
+def skipped_ahead(x: Finding, f: UserFacts) -> bool:
+    """The ranks' schedule runs ``x.value`` steps ahead, and their GradScaler skipped at least that many
+    updates (each one a scheduler step the reference did not take)."""
+    return 1 <= x.value <= f.scaler_skips[0]  # NaN (no count of steps ahead): never
+
 
 SCHEDULE: Final[Tuple[Cause, ...]] = (
     Cause("lr-rank", "one rank's learning rate differs", SAME_OPT),
@@ -16,6 +25,25 @@ SCHEDULE: Final[Tuple[Cause, ...]] = (
     Cause("lr-metric-loss", "the scheduler is stepped with each rank's own training loss, not a metric the ranks "
           "share", "step it with the metric the reference uses (a validation loss, all-reduced "
           "over the ranks)"),
+    Cause("lr-plateau", "the plateau scheduler's metric is computed in training mode on the ranks (validation "
+          "without model.eval())", "call model.eval() before the validation pass and model.train() after it",
+          "Dropout is active and BatchNorm normalises with batch statistics.", lambda x, f: IN_TRAINING in x.evidence),
+    Cause("lr-plateau", "the plateau scheduler's metric is computed otherwise (duplicates or padding counted, rows "
+          "not gathered)", "compute the metric over the validation set's rows once "
+          "each, gathered from every rank (accelerate: gather_for_metrics; a DistributedSampler pads with repeated "
+          "samples), reduced as the reference does", "Or it is reduced otherwise (a mean of means, a sum).",
+          lambda x, f: OTHERWISE in x.evidence),
+    Cause("lr-plateau", "the plateau scheduler is built with other settings than the reference's", "build "
+          "ReduceLROnPlateau with the reference's mode (min for a loss), factor, patience, threshold and cooldown",
+          "", lambda x, f: SETTINGS in x.evidence),
+    Cause("lr-plateau", "the plateau scheduler is stepped more than once per call (the same metric given again)",
+          "step ReduceLROnPlateau once per validation, itself (do not pass it to accelerator.prepare)",
+          "A wrapper steps it once per process (accelerate's prepared scheduler), or it is called twice.",
+          lambda x, f: REPEATED in x.evidence),
+    Cause("lr-plateau", "the plateau scheduler is stepped, with its validation, more often than the reference's (on "
+          "another counter)", "run the validation and scheduler.step(metric) on the reference's schedule (every k "
+          "optimizer steps, not batches)", "Counted in micro-batches or batches instead of optimizer steps.",
+          lambda x, f: OFTENER in x.evidence),
     Cause("lr-plateau", "the plateau scheduler cut the lr at another step", "step it with the reference's metric (a validation loss over the same rows: in eval mode, "
           "gathered over the ranks without a sampler's padding, once per validation) and build it with the "
           "reference's mode, factor, patience and threshold", "Its metric differs (another pass, mode or set of rows) "
@@ -35,6 +63,9 @@ SCHEDULE: Final[Tuple[Cause, ...]] = (
           "other units: total, T_max, warm-up)", "step the scheduler once per optimizer step, and build it for the reference's number of steps",
           "A length in epochs where the scheduler is stepped per update, or from a shorter loader, makes the same "
           "schedule run k times as fast."),
+    Cause("lr-ahead", "the scheduler is stepped on updates the GradScaler skipped (an overflow: no optimizer step), "
+          "so the learning rate schedule runs ahead of the reference's", "step the scheduler only when the optimizer "
+          "stepped: when scaler.get_scale() did not drop in scaler.update()", "", skipped_ahead),
     Cause("lr-ahead", "the learning rate schedule runs ahead of the reference's", "call scheduler.step() after "
           "optimizer.step(), and only on steps the optimizer took (scaler.step may skip one: step the scheduler when "
           "scaler.get_scale() did not drop)", "The scheduler is stepped before the optimizer, once more at the start, "

@@ -9,6 +9,7 @@ from .conditions import (always, batch_statistics, by_hand, experts, experts_by_
                          inside, inverse, later_step, local_batch, loss_calls, micro_steps, no_backward, owned_parts,
                          passes,
                          scaled, stats_in_train_no_grad, world)
+from .ema import SWAPPED
 from .facts import UserFacts
 from .finding import Finding
 
@@ -125,6 +126,10 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "ahead", "update the EMA after optimizer.step(), once per step"),
     Cause("ema-warm-up", "the EMA's momentum lacks the reference's warm-up (a fixed decay from the first step)",
           "compute the momentum per step as the reference does (e.g. min(1 - 1 / (step + 1), decay))"),
+    Cause("ema-momentum", "the EMA's two weights are swapped (tau and 1 - tau: the copy takes the online weights' "
+          "share where it should keep its own)", "weigh the copy by the momentum and the online weights by 1 - "
+          "momentum (target = m * target + (1 - m) * online; a Polyak tau: target = (1 - tau) * target + tau * "
+          "online)", "", lambda x, f: SWAPPED in x.evidence),
     Cause("ema-momentum", "the EMA's momentum differs from the reference's", "give the EMA the reference's decay "
           "and the same step count it warms up with"),
     Cause("rows-same", "the data is not sharded", SHARD, "Every rank trains on the same samples."),

@@ -36,10 +36,17 @@ def scheduler_steps(watch: Any) -> List[Tuple[Any, str, Any]]:
         def observed_step(scheduler, *args, **kwargs):
             if sys._getframe(1).f_code.co_name not in ("_initial_step", "__init__"):
                 plateau = isinstance(scheduler, lr_scheduler.ReduceLROnPlateau)  # others' argument is an epoch
-                watch.saw_schedule((args[0] if args else kwargs.get("metrics")) if plateau else None)
+                watch.saw_schedule((args[0] if args else kwargs.get("metrics")) if plateau else None,
+                                   settings(scheduler) if plateau else "")
             return method(scheduler, *args, **kwargs)
         return observed_step
 
     classes = [c for c in vars(lr_scheduler).values() if inspect.isclass(c) and issubclass(c, lr_scheduler.LRScheduler)
                and "step" in vars(c)]
     return [(c, "step", observing(vars(c)["step"])) for c in classes]
+
+
+def settings(plateau: Any) -> str:
+    """A ReduceLROnPlateau's settings as words ("mode='min', factor=0.5, ..."; the evidence compares them)."""
+    names = ("mode", "factor", "patience", "threshold", "threshold_mode", "cooldown")
+    return ", ".join(f"{n}={getattr(plateau, n, None)!r}" for n in names)

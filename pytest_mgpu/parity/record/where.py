@@ -24,6 +24,7 @@ STEP_DEFINED = "optimizer defined"  # an optimizer class of the user's own: wher
 # Kinds that say how a forward ran, beside its location as a "forward" or "forward under no_grad":
 EVAL_FORWARD = "forward in eval mode"  # a training forward (with gradients), some modules in eval()
 TRAIN_NO_GRAD = "no_grad forward in train mode"  # a forward without gradients (validation) in train()
+PLATEAU = "plateau settings"  # not a line: a ReduceLROnPlateau's mode, factor, patience, threshold and cooldown
 Where = Dict[str, Tuple[str, ...]]  # kind -> the distinct locations seen, in order
 
 
