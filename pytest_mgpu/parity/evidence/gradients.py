@@ -231,6 +231,8 @@ def _clipping(report: Report, f: UserFacts) -> Optional[Finding]:
         moved = bool(over(report, step, "grad"))
         mine = ranks[0] if ranks else []
         if bool(mine) != bool(ref):
+            if over(report, step, "grad", replicas=True) or not _clip_explains(report, step):
+                continue  # the gradients differ otherwise too: the clip's factor follows from them (its norm)
             by_hand = _by_hand(f, step, ref) if moved and ref else None
             if by_hand is not None:
                 return by_hand
@@ -257,6 +259,14 @@ def _clipping(report: Report, f: UserFacts) -> Optional[Finding]:
             continue
         return _clip_finding(f, step, per_rank, ref[0], off)
     return None
+
+
+def _clip_explains(report: Report, step: int) -> bool:
+    """A scaling can be the whole difference of the gradients the optimizer was given: every one that
+    differs does so by one factor (a clip on one side, or by hand with another norm). Gradients apart by
+    no common factor differ before any clip, and a clip's factor follows from their norm."""
+    ratios = [e.norm_ratio for e in over(report, step, "grad", replicas=False) if not e.missing and e.scale > 0]
+    return len(ratios) < 2 or common_factor(ratios) != 1.0
 
 
 def _by_hand(f: UserFacts, step: int, ref: List[float]) -> Optional[Finding]:
