@@ -62,3 +62,22 @@ def test_param_groups_whose_lrs_stand_otherwise_to_each_other_are_named():
     found = _lr_cause([[0.0, 0.0], [0.1, 0.025], [0.2, 0.05]], ref)  # the scales reversed
     assert found.signal == "lr-groups" and "in other proportions (ranks/reference: 0.25x to 4x" in found.evidence
     assert _lr_cause([[0.0, 0.0], [0.05, 0.2], [0.1, 0.4]], ref).signal == "lr-factor"  # one factor in every group
+
+
+def test_a_warm_up_counted_from_zero_runs_one_step_behind_until_it_ends():
+    ref = [0.01, 0.02, 0.02, 0.01828, 0.01378]  # warm-up (step + 1) / 2, then a cosine
+    ranks = [0.0, 0.01, 0.02, 0.01828, 0.01378]  # step / 2: lr 0 first, one step late in the warm-up
+    x = _lr_cause(ranks, ref)
+    assert x.signal == "lr-behind" and "the reference's at step s - 1 in steps 0-1, the same after them (at step " \
+        "0: 0)" in x.evidence, x.evidence
+    assert _lr_cause([0.0, 0.01, 0.02, 0.02, 0.01828], ref).signal == "lr-behind", "one step late all along"
+    assert _lr_cause([0.0, 0.01, 0.03, 0.01828, 0.01378], ref).signal != "lr-behind", "step 2 is no one's"
+
+
+def test_one_optimizer_of_several_with_another_lr_is_not_a_schedule_that_never_moves():
+    """A GAN's D (lr x 2/3) interleaved with its G (the same lr): D, D, G, D, G, D, D."""
+    ref = [0.00667, 0.00667, 0.01, 0.00667, 0.01, 0.00667, 0.00667]
+    x = _lr_cause([0.01] * 7, ref)
+    assert x.signal == "lr-factor" and "at every step whose lr differs (the other steps' agree: another " \
+        "optimizer's)" in x.evidence, x.evidence
+    assert _lr_cause([0.01] * 7, [0.00667, 0.01, 0.009, 0.00667, 0.01, 0.008, 0.01]).signal != "lr-factor"

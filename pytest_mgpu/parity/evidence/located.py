@@ -20,7 +20,7 @@ from .finding import Finding
 BY_SIGNAL: Final[Dict[str, Tuple[str, ...]]] = {
     "lr-rank": ("scheduler.step",), "lr-metric": ("scheduler.step",), "lr-metric-loss": ("scheduler.step",),
     "lr-faster": ("scheduler.step",), "lr-schedule": ("scheduler.step",),
-    "lr-ahead": ("scheduler.step",), "lr-slower": ("scheduler.step",), "lr-frozen": ("scheduler.step",),
+    "lr-ahead": ("scheduler.step",), "lr-behind": ("scheduler.step",), "lr-slower": ("scheduler.step",), "lr-frozen": ("scheduler.step",),
     "lr-held": ("scheduler.step",), "lr-plateau": ("scheduler.step",), "lr-warm-up": ("scheduler.step",), "untrained-forward": ("forward",),
     "start-moved": ("optimizer.step",),
     "modes": (EVAL_FORWARD,), "mode": (TRAIN_NO_GRAD,), "grads-sync-off": (UNSYNCED_LAST,),

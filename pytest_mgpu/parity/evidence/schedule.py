@@ -109,8 +109,8 @@ def _schedule(f: UserFacts, first: int) -> Finding:
     if plateau:
         return Finding(first, "state", "a value", "lr-plateau", what + plateau, per_step)
     apart = {k for k in ratios if abs(k - 1) > 1e-6}
-    if len(ratios) > 1 and len(apart) == 1 and w > 1 and any(abs(x * w - 1) < 0.02 or abs(x / w - 1) < 0.02
-                                                            for x in apart):
+    if len(ratios) > 1 and len(apart) == 1 and (_interleaved(mine, ref) or w > 1 and any(
+            abs(x * w - 1) < 0.02 or abs(x / w - 1) < 0.02 for x in apart)):
         k = apart.pop()  # one optimizer of several (a GAN's D) or some steps: the others' lrs agree
         return Finding(first, "state", "a uniform factor", "lr-factor", what + f", {k:.4g}x at every step whose lr "
                        "differs (the other steps' agree: another optimizer's)", per_step, value=k)
@@ -125,6 +125,12 @@ def _schedule(f: UserFacts, first: int) -> Finding:
     if ahead:
         return Finding(first, "state", "a value", "lr-ahead", what + f"; the ranks' lr at step s is the reference's "
                        f"at step s + {ahead}: their schedule runs {ahead} step(s) ahead", per_step, value=ahead)
+    behind, end = _behind(mine, ref)
+    if behind:
+        span = f"in steps 0-{end}, the same after them" if end < len(mine) - 1 else "at every step"
+        return Finding(first, "state", "a value", "lr-behind", what + f"; the ranks' lr at step s is the reference's "
+                       f"at step s - {behind} {span} (at step 0: {mine[0]:.4g}): their schedule runs {behind} step(s) "
+                       "behind", per_step, value=behind)
     least, most = _drifts_ahead(mine, ref)
     if least:
         return Finding(first, "state", "a value", "lr-ahead", what + f"; the ranks' lr at step s is the reference's "
@@ -193,6 +199,34 @@ def schedule_rate(mine: List[Optional[float]], ref: List[Optional[float]]) -> st
     if least:
         return f"ahead, further as the run goes on (the lr at step s is the other's at step s + {least} to s + {most})"
     return "at half the rate (the lr at step 2s is the other's at step s)" if _slower(mine, ref) else ""
+
+
+def _behind(mine: List[Optional[float]], ref: List[Optional[float]]) -> Tuple[int, int]:
+    """(b, end) where the steps whose lr differs are steps 0-end, and at each of them from step b on the
+    ranks' lr is the reference's at step s - b (a warm-up counted from 0: its first step at lr 0, then one
+    step late until the warm-up ends, or all along); (0, 0) where not."""
+    if len({r for r in ref if r is not None}) < 2 or any(a is None for a in mine) or any(r is None for r in ref):
+        return 0, 0
+    all_along = next((b for b in (1, 2) if _matches(mine, ref, lambda s: s - b)), 0)
+    if all_along:
+        return all_along, len(mine) - 1
+    off = [s for s, (a, r) in enumerate(zip(mine, ref)) if differs(a, r, SAME_LR)]  # type: ignore[arg-type]
+    if not off or off != list(range(len(off))):
+        return 0, 0
+    for b in (1, 2):
+        later = [s for s in off if s >= b]
+        if later and all(not differs(mine[s], ref[s - b], SAME_LR) for s in later):  # type: ignore[arg-type]
+            return b, off[-1]
+    return 0, 0
+
+
+def _interleaved(mine: List[Optional[float]], ref: List[Optional[float]]) -> bool:
+    """The steps whose lr differs come back every p steps (p from 2 to 6, two more steps seen), two or more, and the
+    others' agree, two or more: the steps of one optimizer among several (a GAN's D and G)."""
+    off = [a is not None and r is not None and differs(a, r, SAME_LR) for a, r in zip(mine, ref)]
+    if sum(off) < 2 or len(off) - sum(off) < 2:
+        return False
+    return any(all(off[i] == off[i % p] for i in range(len(off))) for p in range(2, 7) if p + 2 <= len(off))
 
 
 def _matches(mine: List[Optional[float]], ref: List[Optional[float]], index) -> bool:

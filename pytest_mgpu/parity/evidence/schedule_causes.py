@@ -70,6 +70,10 @@ SCHEDULE: Final[Tuple[Cause, ...]] = (
           "optimizer.step(), and only on steps the optimizer took (scaler.step may skip one: step the scheduler when "
           "scaler.get_scale() did not drop)", "The scheduler is stepped before the optimizer, once more at the start, "
           "or on iterations whose optimizer step a GradScaler skipped."),
+    Cause("lr-behind", "the ranks' lr schedule runs behind the reference's (its first step at the lr the "
+          "reference's schedule starts before)", "count the schedule from the same first step as the reference (a "
+          "warm-up of (step + 1) / warmup, not step / warmup) and step it after each optimizer.step()",
+          "A warm-up counted from 0 takes its first step at lr 0 and lags one step all along."),
     Cause("lr-slower", "the learning rate schedule runs at half the reference's rate", "build the scheduler for the "
           "number of optimizer steps the ranks take (total_steps, num_training_steps from the per-rank loader length "
           "and the accumulation), and step it once per optimizer step", "The schedule was built for twice the ranks' "
