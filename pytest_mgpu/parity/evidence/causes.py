@@ -44,7 +44,7 @@ def said(x: Finding, f: UserFacts) -> str:
     what = cause.what + (f" ({x.names[0]})" if x.signal in ("hyper", "grads-precision") and x.names else "")
     at, evidence = located(x, f), x.evidence
     if cause.when is loss_calls:  # the first call that differs: its words and line
-        words, line = loss_ops.difference(f) or ("", "")
+        words, line = loss_ops.difference(f, x.step) or ("", "")
         evidence, at = f"{evidence}; {words}", f"at {line} (the loss)" if line else at
     evidence = evidence if not at or len(evidence) <= EVIDENCE else evidence[:EVIDENCE - 3].rstrip() + "..."
     if cause.when is scaled:

@@ -168,6 +168,6 @@ def later_step(x: Finding, f: UserFacts) -> bool:
 
 
 def loss_calls(x: Finding, f: UserFacts) -> bool:
-    """At step 0, with the same weights, the calls that made rank 0's loss differ from the reference's
-    (``loss_ops.difference``)."""
-    return x.step == 0 and difference(f) is not None
+    """With the same weights, the calls that made rank 0's loss at the finding's step differ from the
+    reference's (``loss_ops.difference``: step 0, and the few steps after it)."""
+    return difference(f, x.step) is not None

@@ -87,5 +87,6 @@ class UserFacts(RunFacts):
     ref_metrics: List[List[float]] = field(default_factory=list)  # per step: the reference's (each after a step)
     rank_probes: List[list] = field(default_factory=list)  # per rank: step 0's outputs and their gradients
     ref_probes: list = field(default_factory=list)  # the reference's (record/probe.py)
+    later_ops: List[Tuple[list, list]] = field(default_factory=list)  # per step: the calls that made its loss (rank 0, the reference)
     ref_parts: List[float] = field(default_factory=list)  # step 0: each reference row's sequence_split parts' prints
     outputs_agree: bool = False  # step 0's outputs and the loss's gradient into them are the reference's (outputs.py)

@@ -70,10 +70,7 @@ def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Lay
     facts.ref_scaler = [s.scaler for s in ref.steps]
     facts.rank_metrics = [[side.steps[i].metrics for side in ranks] for i in range(steps)]
     facts.ref_metrics = [s.metrics for s in ref.steps]
-    facts.ref_probes = list(ref.steps[0].probes) if ref.steps else []
-    # a pipeline's first stage returns activations, not the model's outputs: nothing the reference's match
-    facts.rank_probes = [] if layout.pipeline else [list(ranks[r].steps[0].probes) if ranks[r].steps else []
-                                                    for r in first]
+    _probed(facts, ranks, ref, layout, first)
     _holdings(facts, ranks, ref, layout)
     facts.recomputed = any(side.recomputed for side in ranks)
     facts.scaler_skips = (ranks[0].scaler_skips if ranks else 0, ref.scaler_skips)
@@ -156,3 +153,17 @@ def shards_apart(mine: Dict[str, Any], ref: Dict[str, Any], world: int) -> List[
         apart.update(r for r, differs in enumerate(blocks) if differs)
     return sorted(apart)
 
+
+def _probed(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Layout, first: List[int]) -> None:
+    """Step 0's probed outputs on each side, and the calls that made each later step's loss."""
+    facts.ref_probes = list(ref.steps[0].probes) if ref.steps else []
+    facts.later_ops = [(_ops(ranks[0].steps[s].probes) if ranks and s < len(ranks[0].steps) else [], _ops(step.probes))
+                       for s, step in enumerate(ref.steps)]
+    # a pipeline's first stage returns activations, not the model's outputs: nothing the reference's match
+    facts.rank_probes = [] if layout.pipeline else [list(ranks[r].steps[0].probes) if ranks[r].steps else []
+                                                    for r in first]
+
+
+def _ops(probes) -> list:
+    """The calls that made a later step's loss, in order (none for the probed step: its probes' own)."""
+    return [op for p in probes if not p.rows and not p.out for op in p.ops]

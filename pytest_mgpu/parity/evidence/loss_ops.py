@@ -186,12 +186,15 @@ def _first_ops(probes: Sequence[Any]) -> List[Any]:
     return next((list(p.ops) for p in probes if getattr(p, "ops", None)), [])
 
 
-def difference(f: UserFacts) -> Optional[Tuple[str, str]]:
-    """(words, line) of the first call that makes step 0's loss otherwise on rank 0 than in the reference;
+def difference(f: UserFacts, step: int = 0) -> Optional[Tuple[str, str]]:
+    """(words, line) of the first call that makes ``step``'s loss otherwise on rank 0 than in the reference;
     None where both made the same calls (as their layouts differ), where either was not seen, or where
     they differ in more than ``MOST`` places."""
-    ref = _first_ops(f.ref_probes)
-    mine = _first_ops(f.rank_probes[0]) if f.rank_probes else []
+    if step == 0:
+        ref = _first_ops(f.ref_probes)
+        mine = _first_ops(f.rank_probes[0]) if f.rank_probes else []
+    else:
+        mine, ref = f.later_ops[step] if step < len(f.later_ops) else ([], [])
     if not ref or not mine:
         return None
     matcher = difflib.SequenceMatcher(None, [o.key for o in ref], [o.key for o in mine], autojunk=False)

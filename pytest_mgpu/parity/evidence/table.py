@@ -268,10 +268,10 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "tensor passed to the outermost module with parameters called forward on each side: call the model itself "
           "alike on both sides", "",
           lambda x, f: x.names[:1] == ("rows-unseen",)),
+    Cause("loss-other", "the loss is computed otherwise", LOSS_CALLS, "", loss_calls),
     Cause("loss-other", "what the loss reads changes otherwise over the steps: a coefficient or temperature on another "
           "schedule, or state it keeps (a centre, a running normaliser) updated from each rank's own values", "index "
           "the schedule and update that state (from every rank's values) as the reference does", "", later_step),
-    Cause("loss-other", "the loss is computed otherwise", LOSS_CALLS, "", loss_calls),
     Cause("loss-other", "the ranks compute the loss otherwise (normalised by a local count, or missing other ranks' "
           "terms)", "normalise by the global count (all_reduce it), gather what the loss needs from every rank with "
           "torch.distributed.nn.functional.all_gather (it carries gradients), and reduce as the reference does",

@@ -66,6 +66,9 @@ def _first_tensor(args, kwargs):
     return None
 
 
+LATER_STEPS = 4  # the steps after the probed one whose losses' calls are read too (a loss otherwise later)
+
+
 class Watch:
     """Global hooks for the duration of one loop (``installed()``); what they saw is read by the
     recorders at each step (``take_inputs``, ``loss``) and once after (``roots``, ``set_epoch_calls``).
@@ -97,6 +100,7 @@ class Watch:
         self._unsynced = ""  # the line of the step's last backward where it ran with gradient sync off
         self.census = Census()  # the roots' module trees, walked once per window (cleared by the recorders)
         self._probing = True  # outputs probed until a step has some
+        self._later = 0  # steps taken since the probed one
         self._pending: Optional[List[float]] = None  # the outermost call's rows, until its output is probed
         self._trail: Optional[Trail] = None  # the probed call's submodule calls (trail.py)
         self._by_keyword = False  # the outermost call under way passed its tensors as keywords only
@@ -216,6 +220,11 @@ class Watch:
                     self._inputs.probes.append(probe)
                     if probe.open and probe.out:
                         self._loss_ops.start(probe.ops)
+            elif self._depth == 0 and 0 < self._later < LATER_STEPS and not self.light and module.training \
+                    and torch.is_grad_enabled():
+                later = Probe([], [], open=False)  # a later step's loss: its calls alone, its outputs not probed
+                self._inputs.probes.append(later)
+                self._loss_ops.start(later.ops)
         return None
 
     def take_inputs(self) -> Inputs:
@@ -226,6 +235,7 @@ class Watch:
         if trail is not None:
             trail.close()  # a call that never ended (it raised): its hooks go
         self._probing = self._probing and not got.probes
+        self._later += not self._probing  # steps since the probed one (their losses' calls read up to LATER_STEPS)
         for probe in got.probes:
             probe.open = False  # a later backward through these outputs (a GAN's generator) is not this step's
         if self._unsynced:
