@@ -506,3 +506,21 @@ def test_a_plateau_metric_from_a_validation_in_training_mode_says_so():
     f.rank_where = [[{"forward": ("t.py:9",), "forward under no_grad": ("t.py:20",)}] * 2] * 3
     assert said(lr_finding(f), f).startswith("the plateau scheduler's metric is computed otherwise"), "eval mode"
 
+
+
+def test_param_groups_that_differ_in_number_say_the_option_that_sets_the_references_apart():
+    """One group on the ranks, two in the reference that differ in weight decay alone (none on biases and
+    norms): the finding names the option and the groups' sizes."""
+    from pytest_mgpu.parity.evidence.facts import UserFacts
+    from pytest_mgpu.parity.evidence.state import findings
+
+    f = UserFacts(strategy="your training loop", world_size=2)
+    one = {"weight_decay": 0.1, "momentum": 0.9, "parameters": 310.0}
+    f.rank_hyper = [[[one], [one]]]
+    f.ref_hyper = [[{"weight_decay": 0.1, "momentum": 0.9, "parameters": 300.0},
+                    {"weight_decay": 0.0, "momentum": 0.9, "parameters": 10.0}]]
+    from types import SimpleNamespace
+
+    x = next(x for x in findings(SimpleNamespace(records=[]), f) if x.signal == "groups")
+    assert x.evidence == ("at step 0 rank 0's optimizer has 1 param group(s), the reference's 2; the reference's "
+                          "groups' weight_decay: 0.1, 0 (of 300 and 10 elements)"), x.evidence

@@ -93,7 +93,8 @@ def test_a_fused_qkv_needs_shards_and_passes_with_it(dist):
 @world_sizes(2)
 @pytest.mark.parametrize("bug,cause,module", [
     ("wrong_slice", "another slice of a weight sharded by hand", "1.fc1.weight"),
-    ("no_backward_allreduce", "gradients not reduced across the tensor-parallel group", "only in 0"),
+    ("no_backward_allreduce", "the replicated parameters' gradients (tensors every tensor-parallel rank holds whole) "
+                              "are not all-reduced across the tensor-parallel group", "only in 0"),
     ("reduce_twice", "sharded by hand are multiplied by the world size", "by 2x (= the world size 2)"),
     ("whole_summed", "the gradients of tensors every tensor-parallel rank holds whole (norms, a row-parallel layer's "
                      "bias, a replicated head) are summed over the group", "only the gradients of 0, 1.fc2 differ"),

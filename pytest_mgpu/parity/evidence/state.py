@@ -102,13 +102,27 @@ def _hyper(f: UserFacts) -> Optional[Finding]:
             if len(groups) != len(ref):
                 return Finding(step, "state", "a value", "groups",
                                f"at step {step} rank {r}'s optimizer has {len(groups)} param group(s), the reference's "
-                               f"{len(ref)}", names=("param groups",))
+                               f"{len(ref)}{_groups_apart(groups, ref)}", names=("param groups",))
             for g, (mine, theirs) in enumerate(zip(groups, ref)):
                 diff = [k for k in mine if k in theirs and differs(mine[k], theirs[k], SAME_LR)
                         and not (k == "parameters" and f.partial_ranks)]
                 if diff:
                     return _hyper_finding(f, step, r, g, diff[0], ranks, mine, theirs)
     return None
+
+
+def _groups_apart(mine: List[Dict[str, float]], ref: List[Dict[str, float]]) -> str:
+    """What sets one side's groups apart, where its groups differ in one option (a weight decay of 0 for
+    biases and norms): "; the reference's groups' weight_decay: 0.1, 0 (of 2144 and 166 elements)"."""
+    for who, groups in (("the reference's", ref), ("rank 0's", mine)):
+        if len(groups) < 2:
+            continue
+        keys = [k for k in groups[0] if k != "parameters" and len({g.get(k) for g in groups}) > 1]
+        if len(keys) == 1:
+            values = ", ".join(f"{g[keys[0]]:g}" for g in groups)
+            sizes = " and ".join(f"{g['parameters']:g}" for g in groups if "parameters" in g)
+            return f"; {who} groups' {keys[0]}: {values}" + (f" (of {sizes} elements)" if sizes else "")
+    return ""
 
 
 def _hyper_finding(f: UserFacts, step: int, r: int, g: int, k: str, ranks: List[List[Dict[str, float]]],

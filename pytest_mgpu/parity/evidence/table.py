@@ -291,9 +291,12 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "holds whole over the ranks that share it (and divide as the others), after backward and before "
           "optimizer.step(); the experts' own shards are not reduced", "",
           lambda x, f: x.how == "some modules" and experts_by_hand(x, f)),
-    Cause("grads-tp-unreduced", "gradients not reduced across the tensor-parallel group", "all_reduce the input's "
+    Cause("grads-tp-unreduced", "the replicated parameters' gradients (tensors every tensor-parallel rank holds "
+          "whole) are not all-reduced across the tensor-parallel group", "all_reduce the input's "
           "gradient over the tensor-parallel group in the backward of the function that copies activations into the "
-          "parallel layers (Megatron's copy_to_tensor_model_parallel_region: identity forward, all_reduce backward)",
+          "parallel layers (Megatron's copy_to_tensor_model_parallel_region: identity forward, all_reduce backward); "
+          "under sequence parallelism, all_reduce the gradients of the LayerNorms and row-parallel biases each rank "
+          "computes from its own tokens (Megatron's finalize_model_grads)",
           "A layer sharded by hand returns each rank's partial gradient of its input; without the all_reduce the "
           "layers before it train on a part of their gradient.", by_hand),
     Cause("grads-tp-unreduced", "gradients not reduced across the tensor-parallel group", "put the module in "
