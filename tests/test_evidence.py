@@ -135,11 +135,11 @@ def test_a_schedule_stepped_per_micro_batch_is_judged_and_located(dist):
     assert "13 of 25 tensors exceed the tolerance from step 1; the optimizer's lr differs from step 0" in head, head
     assert "note: the optimizer's lr differs: 0.0245 on the ranks, 0.05 in the reference (param group 0, from step 0)" \
         in text, text
-    assert line.startswith("likely cause: the learning rate differs ("), line
+    assert line.startswith("likely cause: the scheduler is stepped per micro-batch ("), line
     assert f"at {_line_of(L.scheduled, 'sched.step()  # the scheduler stepped per micro-batch')} (scheduler.step). " \
            "Fix: call scheduler.step() right after" in line, line
-    assert "Fix: call scheduler.step() right after optimizer.step(), once per step. The scheduler is stepped per " \
-           "micro-batch" in text, text
+    assert "Fix: call scheduler.step() right after optimizer.step(), once per step. Each micro-batch's backward is " \
+           "followed by a scheduler step" in text, text
 
 
 @world_sizes(2)

@@ -45,7 +45,8 @@ BUGS = {
     "accumulation loss not divided, 4 ranks": (4, P(T.accum_train, bug="no_divide"), T.accum_reference, 4,
                                                "gradient accumulation without dividing the loss"),
     "scheduler stepped per micro-batch": (2, P(T.accum_train, bug="sched_per_micro"), T.accum_reference, 8,
-                                          "the learning rate differs. Fix: call scheduler.step() right after"),
+                                          "the scheduler is stepped per micro-batch. Fix: call "
+                                          "scheduler.step() right after"),
     "data restarted on resume": (2, P(T.fsdp_ckpt_train, save_at=3, bug="data_restart"),
                                  P(T.fsdp_ckpt_reference, save_at=3), 6, "data repeated"),
     "meta init, blocks never reset": (2, P(T.fsdp_train, bug="meta_partial_reset"), T.fsdp_reference, 3,

@@ -73,8 +73,8 @@ def test_gradient_accumulation_with_steplr_trains_like_one_device(dist):
 
 @world_sizes(4)
 @pytest.mark.parametrize("bug,cause", [
-    ("scheduler_per_micro_batch", "likely cause: the learning rate differs. Fix: call scheduler.step() right after "
-                                  "optimizer.step(), once per step"),
+    ("scheduler_per_micro_batch", "likely cause: the scheduler is stepped per micro-batch. Fix: call "
+                                  "scheduler.step() right after optimizer.step()"),
     ("not_divided", "likely cause: gradient accumulation without dividing the loss. Fix: backpropagate loss / 2"),
 ])
 def test_accumulation_bugs_are_named(dist, bug, cause):

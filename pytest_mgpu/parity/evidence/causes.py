@@ -8,7 +8,7 @@ import math
 from typing import Final, List, Optional
 
 from . import conduct, gradients, inputs, loss, loss_ops, outputs, state, update
-from .conditions import loss_calls, micro_steps, passes_words, scaled, scaler_order
+from .conditions import later_step, loss_calls, micro_steps, passes_words, scaled, scaler_order
 from .facts import UserFacts
 from .finding import Finding, Report
 from .located import located
@@ -43,9 +43,9 @@ def said(x: Finding, f: UserFacts) -> str:
     why = cause.why.replace("k means", f"{k} means")
     what = cause.what + (f" ({x.names[0]})" if x.signal in ("hyper", "grads-precision") and x.names else "")
     at, evidence = located(x, f), x.evidence
-    if cause.when is loss_calls:  # the first call that differs: its words and line
+    if cause.when is loss_calls or cause.when is later_step:  # the first call that differs: its words and line
         words, line = loss_ops.difference(f, x.step) or ("", "")
-        evidence, at = f"{evidence}; {words}", f"at {line} (the loss)" if line else at
+        evidence, at = (f"{evidence}; {words}", f"at {line} (the loss)" if line else at) if words else (evidence, at)
     evidence = evidence if not at or len(evidence) <= EVIDENCE else evidence[:EVIDENCE - 3].rstrip() + "..."
     if cause.when is scaled:
         what = f"{what} ({scaler_order(f, x.step)})"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from ..judge.tolerance import EPS
 from ..record.recorder import SideLog
@@ -231,7 +231,8 @@ def _clipping(report: Report, f: UserFacts) -> Optional[Finding]:
         moved = bool(over(report, step, "grad"))
         mine = ranks[0] if ranks else []
         if bool(mine) != bool(ref):
-            if over(report, step, "grad", replicas=True) or not _clip_explains(report, step):
+            some, every = _replicas_apart(report, step)
+            if some or not (every or _clip_explains(report, step)):
                 continue  # the gradients differ otherwise too: the clip's factor follows from them (its norm)
             by_hand = _by_hand(f, step, ref) if moved and ref else None
             if by_hand is not None:
@@ -267,6 +268,16 @@ def _clip_explains(report: Report, step: int) -> bool:
     no common factor differ before any clip, and a clip's factor follows from their norm."""
     ratios = [e.norm_ratio for e in over(report, step, "grad", replicas=False) if not e.missing and e.scale > 0]
     return len(ratios) < 2 or common_factor(ratios) != 1.0
+
+
+def _replicas_apart(report: Report, step: int) -> Tuple[bool, bool]:
+    """(some, every): replicas' gradients apart in some tensors while the others agree (those were not
+    synchronised, before any clip: ``_replicas`` says so), or apart in every tensor (a clip of each rank's
+    own shard, or by its own norm, may be why: each rank scales what it owns)."""
+    apart = over(report, step, "grad", replicas=True)
+    every = [e for e in report.records[step].errors if e.kind == "grad" and replica_of(e) is not None] \
+        if step < len(report.records) else []
+    return bool(apart) and len(apart) < len(every), bool(apart) and len(apart) == len(every)
 
 
 def _by_hand(f: UserFacts, step: int, ref: List[float]) -> Optional[Finding]:

@@ -56,6 +56,9 @@ SCHEDULE: Final[Tuple[Cause, ...]] = (
           "on the ranks and not in the reference, or twice.", world),
     Cause("lr-factor", "the learning rate differs", SAME_LR, "The lr is scaled (by the world size or the global "
           "batch) on one side."),
+    Cause("lr-faster", "the scheduler is stepped per micro-batch", "call scheduler.step() right after "
+          "optimizer.step(), once per step", "Each micro-batch's backward is followed by a scheduler step, where the "
+          "reference steps it once per optimizer step.", lambda x, f: f.rank_backwards > 1 and x.value == f.rank_backwards),
     Cause("lr-faster", "the learning rate differs", "call scheduler.step() right after optimizer.step(), once per step",
           "The scheduler is stepped per micro-batch (several times per optimizer step).",
           lambda x, f: f.rank_backwards > 1),

@@ -38,6 +38,8 @@ SAME_LR = ("give both sides the same learning rate; DDP and FSDP average the gra
 LOSS_CALLS = ("compute the loss as the reference does at that line (the same operations, arguments and order), or make "
               "the reference do the same where the difference is meant")
 CLIP = "gradient clipping differs"
+SYNC_LAST = ("turn synchronisation off only for the micro-batches before the last: no_sync() around all but the last "
+             "backward, or set_requires_gradient_sync(micro == last)")
 RUNNING = ("running_mean", "running_var", "num_batches_tracked")  # a BatchNorm's buffers
 INSIDE = ("the model's backward differs (same outputs and loss gradient): a hand-written backward missing its "
           "all_reduce (e.g. SyncBatchNorm), a tensor sent without autograd, or a detached branch")
@@ -268,10 +270,10 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "tensor passed to the outermost module with parameters called forward on each side: call the model itself "
           "alike on both sides", "",
           lambda x, f: x.names[:1] == ("rows-unseen",)),
-    Cause("loss-other", "the loss is computed otherwise", LOSS_CALLS, "", loss_calls),
     Cause("loss-other", "what the loss reads changes otherwise over the steps: a coefficient or temperature on another "
           "schedule, or state it keeps (a centre, a running normaliser) updated from each rank's own values", "index "
           "the schedule and update that state (from every rank's values) as the reference does", "", later_step),
+    Cause("loss-other", "the loss is computed otherwise", LOSS_CALLS, "", loss_calls),
     Cause("loss-other", "the ranks compute the loss otherwise (normalised by a local count, or missing other ranks' "
           "terms)", "normalise by the global count (all_reduce it), gather what the loss needs from every rank with "
           "torch.distributed.nn.functional.all_gather (it carries gradients), and reduce as the reference does",
@@ -308,10 +310,11 @@ TABLE: Final[Tuple[Cause, ...]] = (
           "backward and before optimizer.step(); not over the tensor-parallel group or the world",
           "Each data-parallel replica trains on its own rows' gradient: the ranks of one tensor-parallel group agree, "
           "the groups do not."),
+    Cause("grads-sync-off", "the step's last micro-batch's backward ran with gradient synchronisation off (under "
+          "no_sync() or set_requires_gradient_sync(False)): its gradients are not reduced across ranks", SYNC_LAST,
+          "", lambda x, f: f.rank_backwards > 1),
     Cause("grads-sync-off", "the step's last backward ran with gradient synchronisation off (under no_sync() or "
-          "set_requires_gradient_sync(False)): its gradients are not reduced across ranks", "turn synchronisation off "
-          "only for the micro-batches before the last: no_sync() around all but the last backward, or "
-          "set_requires_gradient_sync(micro == last)"),
+          "set_requires_gradient_sync(False)): its gradients are not reduced across ranks", SYNC_LAST),
     Cause("grads-unsynced", "gradients of some modules are not synchronized between ranks", "all_reduce those "
           "modules' gradients too (and divide by the world size)", "They are left out of the gradient all-reduce.",
           lambda x, f: x.how == "some modules"),
