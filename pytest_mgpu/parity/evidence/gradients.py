@@ -232,7 +232,7 @@ def _clipping(report: Report, f: UserFacts) -> Optional[Finding]:
         mine = ranks[0] if ranks else []
         if bool(mine) != bool(ref):
             some, every = _replicas_apart(report, step)
-            if some or not (every or _backward_agrees(f, step) or _clip_explains(report, step)):
+            if some or not (every or not _backward_differs(f, step) or _clip_explains(report, step)):
                 continue  # the gradients differ otherwise too: the clip's factor follows from them (its norm)
             by_hand = _by_hand(f, step, ref) if moved and ref else None
             if by_hand is not None:
@@ -270,12 +270,13 @@ def _clip_explains(report: Report, step: int) -> bool:
     return len(ratios) < 2 or common_factor(ratios) != 1.0
 
 
-def _backward_agrees(f: UserFacts, step: int) -> bool:
-    """The total gradient norm rank 0's last backward left is the reference's (before any clip): what differs
-    came after the backward (a clip by value, or none)."""
+def _backward_differs(f: UserFacts, step: int) -> bool:
+    """The total gradient norm rank 0's last backward left is not the reference's (before any clip), both
+    known: the difference began in the backward. Unknown (a DTensor's shards) or the same: it may have come
+    after it (a clip by value, or of each rank's own shards)."""
     mine = f.rank_raw[step][0] if step < len(f.rank_raw) and f.rank_raw[step] else math.nan
     ref = f.ref_raw[step] if step < len(f.ref_raw) else math.nan
-    return math.isfinite(mine) and math.isfinite(ref) and abs(mine - ref) <= 1e-3 * max(abs(ref), 1e-30)
+    return math.isfinite(mine) and math.isfinite(ref) and abs(mine - ref) > 1e-3 * max(abs(ref), 1e-30)
 
 
 def _replicas_apart(report: Report, step: int) -> Tuple[bool, bool]:
