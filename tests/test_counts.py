@@ -34,8 +34,8 @@ def test_a_schedule_twice_as_fast_that_reaches_lr_0_early_is_the_cause():
 
 
 def test_gradients_clipped_before_unscale_on_the_ranks_only_is_the_cause():
-    ref = side([0.1] * 4, scaler_skips=3)
-    ranks = [side([0.1] * 3, scaler_skips=4, scaled_clips=7) for _ in range(2)]
+    ref = side([0.1] * 4, scaler_found=[True] * 3)
+    ranks = [side([0.1] * 3, scaler_found=[True] * 4, scaled_clips=7) for _ in range(2)]
     line = message(ref, *ranks, steps=4).splitlines()[1]
     assert line.startswith("likely cause: gradients clipped while still multiplied by the GradScaler's scale on the "
                            "ranks (fn on rank 0: clip_grad_norm_ before scaler.unscale_ 7 time(s)"), line

@@ -463,7 +463,7 @@ def test_a_schedule_ahead_by_the_updates_a_grad_scaler_skipped_names_the_skips()
     x = Finding(0, "state", "a value", "lr-ahead", "the ranks' lr at step s is the reference's at step s + 1",
                 value=1)
     assert said(x, f).startswith("the learning rate schedule runs ahead of the reference's"), said(x, f)
-    f.scaler_skips = (1, 1)
+    f.rank_scaler_skips = 1
     assert said(x, f).startswith("the scheduler is stepped on updates the GradScaler skipped"), said(x, f)
     assert "scaler.get_scale() did not drop" in said(x, f)
     x2 = Finding(0, "state", "a value", "lr-ahead", "two steps ahead", value=2)

@@ -17,8 +17,9 @@ def test_the_correct_loop_passes_at_the_loops_own_roundoff(dist):
                                        record="optimizer")
     assert report.passed
     print(report)
-    step, blind = report.blind_below()
-    assert blind < 0.5, report  # the line of a loop whose steps were compared one update apart spans 1.9 norms
+    # (step, line) where the line is over 1% of a gradient's norm, else None; compared one update apart, 1.9 norms
+    blind = report.blind_below()
+    assert blind is None or blind[1] < 0.5, report
 
 
 @world_sizes(2)

@@ -82,7 +82,7 @@ class UserFacts(RunFacts):
     ref_where: List[Dict[str, Tuple[str, ...]]] = field(default_factory=list)  # per step: the reference's
     rank_scaler: List[List[tuple]] = field(default_factory=list)  # per step, per rank: (GradScaler scale, call order)
     ref_scaler: List[tuple] = field(default_factory=list)  # per step: the reference's
-    scaler_skips: Tuple[int, int] = (0, 0)  # updates a GradScaler skipped: on rank 0, in the reference
+    rank_scaler_skips: int = 0  # updates rank 0's GradScaler skipped
     rank_metrics: List[List[List[float]]] = field(default_factory=list)  # per step, per rank: scheduler.step(metric)s
     ref_metrics: List[List[float]] = field(default_factory=list)  # per step: the reference's (each after a step)
     rank_probes: List[list] = field(default_factory=list)  # per rank: step 0's outputs and their gradients

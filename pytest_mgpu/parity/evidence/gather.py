@@ -73,7 +73,7 @@ def side_facts(facts: UserFacts, ranks: List[SideLog], ref: SideLog, layout: Lay
     _probed(facts, ranks, ref, layout, first)
     _holdings(facts, ranks, ref, layout)
     facts.recomputed = any(side.recomputed for side in ranks)
-    facts.scaler_skips = (ranks[0].scaler_skips if ranks else 0, ref.scaler_skips)
+    facts.rank_scaler_skips = ranks[0].scaler_skips if ranks else 0
     facts.batchnorm_rows = (max((side.batchnorm_rows for side in ranks), default=0), ref.batchnorm_rows)
     facts.recurrent = next((side.recurrent for side in ranks if side.recurrent), "")
     facts.shards_apart = shards_apart(ranks[0].steps[0].params, ref.steps[0].params, len(ranks)) \

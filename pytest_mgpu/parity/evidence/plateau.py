@@ -4,6 +4,7 @@ its settings (mode, factor, patience, threshold, cooldown) where those differ. T
 (``SETTINGS``, ``REPEATED``, ``OFTENER``): ``schedule_causes.py`` reads them to pick the cause."""
 from __future__ import annotations
 
+import math
 from typing import Dict, List, Sequence, Tuple
 
 from ..record.where import PLATEAU, TRAIN_NO_GRAD
@@ -18,7 +19,7 @@ OTHERWISE = "metrics apart"
 
 
 def _differs(a: float, b: float) -> bool:
-    return abs(a - b) > SAME_METRIC * max(abs(a), abs(b), 1e-30)
+    return not math.isclose(a, b, rel_tol=SAME_METRIC)
 
 
 def plateau_words(f: UserFacts, first: int) -> str:

@@ -8,10 +8,9 @@ from typing import List, Optional, Tuple
 
 from .facts import UserFacts
 from .finding import Finding
-from .plateau import plateau_words
+from .plateau import SAME_METRIC, plateau_words
 
 SAME_LR = 1e-9  # relative: one schedule computes the same float on both sides
-SAME_METRIC = 1e-6  # relative: one metric, computed alike (float32 rounding apart)
 
 
 def differs(a: float, b: float, rel: float) -> bool:

@@ -14,7 +14,7 @@ from .table import SAME_LR, SAME_OPT, Cause
 def skipped_ahead(x: Finding, f: UserFacts) -> bool:
     """The ranks' schedule runs ``x.value`` steps ahead, and their GradScaler skipped at least that many
     updates (each one a scheduler step the reference did not take)."""
-    return 1 <= x.value <= f.scaler_skips[0]  # NaN (no count of steps ahead): never
+    return 1 <= x.value <= f.rank_scaler_skips  # NaN (no count of steps ahead): never
 
 
 SCHEDULE: Final[Tuple[Cause, ...]] = (

@@ -118,8 +118,8 @@ def run_side(job: LoopJob, fn, rank: int, tag: str = "", mode=None,
                     fn(*lead, log, *job.args, steps=job.steps, **job.kwargs)
                 side = log.side
         side.set_epoch_calls = watch.set_epoch_calls
-        side.scaler_skips, side.scalers_made, side.scaled_clips = watch.scaler_skips, watch.scalers_made, watch.scaled_clips
-        side.scaler_found = list(watch.scaler_found)
+        side.scaler_found, side.scalers_made, side.scaled_clips = list(watch.scaler_found), watch.scalers_made, \
+            watch.scaled_clips
         side.recomputed = watch.recomputed
         side.batchnorm_rows = norms.most
         side.recurrent = recurrent(watch.model_roots())

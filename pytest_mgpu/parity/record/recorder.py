@@ -146,14 +146,18 @@ class SideLog:
     recurrent: str = ""  # "time-major" or "batch-first" where a model run forward holds an RNN/LSTM/GRU
     sampler_passes: int = 0  # passes over a DistributedSampler seen (0: none used)
     uncounted: int = 0  # optimizer steps that changed nothing (lr 0, no gradient): not steps
-    scaler_skips: int = 0  # GradScaler.step calls that skipped the optimizer step (inf/NaN in the gradients)
-    scaler_found: List[bool] = field(default_factory=list)  # per GradScaler.step call: it skipped
+    scaler_found: List[bool] = field(default_factory=list)  # per GradScaler.step call: it skipped (inf/NaN found)
     scalers_made: int = 0  # enabled GradScalers the loop constructed (more than one: each starts over)
     scaled_clips: int = 0  # clip_grad_norm_ calls after scaler.scale(loss) and before scaler.unscale_
     tp_peers: List[int] = field(default_factory=list)  # ranks that share this one's batch (TP/SP dims)
     holders: List[str] = field(default_factory=list)  # name prefixes of modules holding the whole model (wrappers)
     aliases: Dict[str, str] = field(default_factory=dict)  # a tied parameter's other names -> the name it is recorded by
     start: Dict[str, float] = field(default_factory=dict)  # state no optimizer steps before the first forward
+
+    @property
+    def scaler_skips(self) -> int:
+        """GradScaler.step calls that skipped the optimizer step (inf/NaN in the scaled gradients)."""
+        return sum(self.scaler_found)
 
 
 def grad_of(p):

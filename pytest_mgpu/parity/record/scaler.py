@@ -45,7 +45,7 @@ def scaler_calls(watch: Any) -> List[Tuple[Any, str, Any]]:
 
 def scaler_steps(watch: Any) -> List[Tuple[Any, str, Any]]:
     """The patch of ``GradScaler.step`` that notes, per call, whether it skipped the optimizer's step
-    (``watch.scaler_found``, ``watch.scaler_skips``), and in a companion's run skips where the reference
+    (``watch.scaler_found``), and in a companion's run skips where the reference
     skipped (``watch.follow``): the float64 run finds no overflow where float16 did, and would take an
     update the reference never took, so every later step would be compared one update apart."""
     amp = sys.modules.get("torch.amp")
@@ -65,8 +65,7 @@ def scaler_steps(watch: Any) -> List[Tuple[Any, str, Any]]:
         with quiet():
             found = getattr(self, "_per_optimizer_states", {}).get(id(optimizer), {}).get("found_inf_per_device")
             skipped = bool(found) and sum(float(v.sum()) for v in found.values()) > 0
-        watch.scaler_found.append(skipped)
-        watch.scaler_skips += skipped  # inf/NaN in the scaled gradients: no optimizer.step
+        watch.scaler_found.append(skipped)  # inf/NaN in the scaled gradients: no optimizer.step
         return out
 
     return [(scaler, "step", observed_step)]

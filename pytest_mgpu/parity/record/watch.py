@@ -84,7 +84,6 @@ class Watch:
         self.loss = None  # the scalar last passed to torch.autograd.backward (detached)
         self.autocast = ""  # the autocast dtype an outermost forward ran under ("" if none)
         self.set_epoch_calls = 0  # DistributedSampler.set_epoch calls (the rows show a repeated order)
-        self.scaler_skips = 0  # GradScaler.step calls that skipped the optimizer step (inf/NaN found)
         self.scalers_made = 0  # enabled GradScalers constructed inside the loop
         self.scaled_clips = 0  # clips between scaler.scale(loss) and scaler.unscale_: scaled gradients clipped
         self.recomputed = False  # a module ran forward inside backward (activation checkpointing)
